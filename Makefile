@@ -1,0 +1,64 @@
+# Two commands matter: `make test` (everything, from a fresh machine) and `make dev`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+DEV_DIR ?= $(HOME)/.cache/slinky/testbeds/dev
+PYTEST_ARGS ?=
+
+.PHONY: all venv testbed-build lint fmt typecheck unit e2e test dev dev-down dev-env bench clean
+
+all: test
+
+$(STAMP): pyproject.toml
+	rm -f $(VENV)/.installed-*
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+venv: $(STAMP)
+
+## Build or reuse the cached test bed: Kubernetes binaries, kwok, helm, etcd, Slurm root.
+testbed-build: venv
+	$(BIN)/slinky testbed build
+
+lint: venv
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/mypy
+
+fmt: venv
+	$(BIN)/ruff format src tests bench
+	$(BIN)/ruff check --fix src tests bench
+
+typecheck: venv
+	$(BIN)/mypy
+
+unit: venv
+	$(BIN)/pytest -q tests/unit $(PYTEST_ARGS)
+
+e2e: testbed-build
+	$(BIN)/pytest -q tests/e2e $(PYTEST_ARGS)
+
+## Everything: install, build/cache the test bed, lint + types, unit and end-to-end tests.
+test: testbed-build lint
+	$(BIN)/pytest -q tests $(PYTEST_ARGS)
+
+## A local control plane + Slurm that stays up; poke it with kubectl, sinfo, squeue.
+dev: testbed-build
+	@$(BIN)/slinky testbed --dir $(DEV_DIR) status >/dev/null 2>&1 || \
+		$(BIN)/slinky testbed --dir $(DEV_DIR) up --process-nodes 3 --kwok-nodes 2
+	@$(BIN)/python -m slinky.testbed.dev --dir $(DEV_DIR)
+
+dev-down: venv
+	$(BIN)/slinky testbed --dir $(DEV_DIR) down
+
+dev-env: venv
+	@$(BIN)/slinky testbed --dir $(DEV_DIR) env
+
+bench: testbed-build
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,75 @@
+"""`slinky testbed ...`: build, start, inspect and stop the local test bed."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from slinky.testbed import paths
+from slinky.testbed.bed import Testbed, TestbedError
+
+
+def build() -> None:
+    """Build (or find cached) everything the test bed runs."""
+    for script in ("build-slurm-root.sh", "build-kube.sh"):
+        subprocess.run(["bash", str(paths.hack_dir() / script)], check=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="slinky", description="Slinky developer tools")
+    sub = p.add_subparsers(dest="group", required=True)
+    tb = sub.add_parser("testbed", help="the local Kubernetes + Slurm test bed")
+    tb.add_argument(
+        "--dir",
+        type=Path,
+        default=None,
+        help="state directory (default $SLINKY_TESTBED_DIR or ~/.cache/slinky/testbeds/default)",
+    )
+    cmds = tb.add_subparsers(dest="cmd", required=True)
+    cmds.add_parser("build", help="build/cache the binaries and the Slurm root")
+    up = cmds.add_parser("up", help="start the test bed")
+    up.add_argument("--process-nodes", type=int, default=3)
+    up.add_argument("--kwok-nodes", type=int, default=0)
+    cmds.add_parser("down", help="stop exactly the processes `up` started")
+    cmds.add_parser("status", help="list the test bed's processes")
+    cmds.add_parser("env", help="print shell export lines")
+    sl = cmds.add_parser("slurm", help="run a Slurm command against the test bed's Slurm")
+    sl.add_argument("argv", nargs=argparse.REMAINDER)
+    kc = cmds.add_parser("kubectl", help="run kubectl against the test bed")
+    kc.add_argument("argv", nargs=argparse.REMAINDER)
+    args = p.parse_args(argv)
+
+    bed = Testbed(args.dir)
+    try:
+        if args.cmd == "build":
+            build()
+        elif args.cmd == "up":
+            bed.up(process_nodes=args.process_nodes, kwok_nodes=args.kwok_nodes, log=print)
+            print(f"run `eval $(slinky testbed --dir {bed.dir} env)` to use it")
+        elif args.cmd == "down":
+            bed.down(log=print)
+        elif args.cmd == "status":
+            lines = bed.status_lines()
+            print("\n".join(lines) if lines else f"test bed {bed.dir} is down")
+            sys.exit(0 if bed.status_lines(only_running=True) else 3)
+        elif args.cmd == "env":
+            for k, v in bed.env().items():
+                print(f"export {k}={shlex.quote(v)}")
+        elif args.cmd == "slurm":
+            if not args.argv:
+                p.error("slurm: give a command, e.g. `slinky testbed slurm sinfo`")
+            sys.exit(bed.slurm(args.argv).returncode)
+        elif args.cmd == "kubectl":
+            kubectl = str(paths.bin_dir() / "kubectl")
+            os.execv(kubectl, [kubectl, f"--kubeconfig={bed.kubeconfig}", *args.argv])
+    except TestbedError as e:
+        print(f"slinky testbed: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

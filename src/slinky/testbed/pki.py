@@ -1,0 +1,114 @@
+"""Certificates and keys for the test bed's control plane, made with the openssl command."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def ensure_pki(directory: Path) -> None:
+    """Create a CA, an apiserver serving certificate (loopback names) and a service-account
+    key pair in `directory`, unless they already exist."""
+    directory.mkdir(parents=True, exist_ok=True)
+    if (directory / "apiserver.crt").exists() and (directory / "sa.key").exists():
+        return
+    _openssl("genrsa", "-out", "ca.key", "2048", cwd=directory)
+    _openssl(
+        "req",
+        "-x509",
+        "-new",
+        "-key",
+        "ca.key",
+        "-sha256",
+        "-days",
+        "3650",
+        "-subj",
+        "/CN=slinky-testbed-ca",
+        "-out",
+        "ca.crt",
+        cwd=directory,
+    )
+    _openssl("genrsa", "-out", "apiserver.key", "2048", cwd=directory)
+    (directory / "apiserver.ext").write_text(
+        "subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,"
+        "DNS:kubernetes.default,DNS:kubernetes.default.svc,"
+        "DNS:kubernetes.default.svc.cluster.local\n"
+        "extendedKeyUsage=serverAuth\n"
+    )
+    _openssl(
+        "req",
+        "-new",
+        "-key",
+        "apiserver.key",
+        "-subj",
+        "/CN=kube-apiserver",
+        "-out",
+        "apiserver.csr",
+        cwd=directory,
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        "apiserver.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "3650",
+        "-sha256",
+        "-extfile",
+        "apiserver.ext",
+        "-out",
+        "apiserver.crt",
+        cwd=directory,
+    )
+    _openssl("genrsa", "-out", "sa.key", "2048", cwd=directory)
+    _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=directory)
+
+
+def serving_cert(directory: Path, name: str, hosts: list[str]) -> tuple[Path, Path]:
+    """A serving certificate signed by the test bed CA (for webhooks on loopback)."""
+    crt, key = directory / f"{name}.crt", directory / f"{name}.key"
+    if crt.exists() and key.exists():
+        return crt, key
+    sans = ",".join(f"IP:{h}" if h[0].isdigit() else f"DNS:{h}" for h in hosts)
+    (directory / f"{name}.ext").write_text(f"subjectAltName={sans}\nextendedKeyUsage=serverAuth\n")
+    _openssl("genrsa", "-out", key.name, "2048", cwd=directory)
+    _openssl(
+        "req",
+        "-new",
+        "-key",
+        key.name,
+        "-subj",
+        f"/CN={name}",
+        "-out",
+        f"{name}.csr",
+        cwd=directory,
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "3650",
+        "-sha256",
+        "-extfile",
+        f"{name}.ext",
+        "-out",
+        crt.name,
+        cwd=directory,
+    )
+    return crt, key

@@ -1,0 +1,99 @@
+"""Processes the test bed started, identified by PID *and* start time so that `down` never
+signals a recycled PID."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def start_time(pid: int) -> int | None:
+    """The process' start time in clock ticks since boot, or None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Field 22; the command name (field 2) may hold spaces, so split after its ')'.
+    return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+@dataclass(frozen=True)
+class Proc:
+    """A process we started."""
+
+    pid: int
+    started: int
+
+    @classmethod
+    def of(cls, pid: int) -> Proc:
+        started = start_time(pid)
+        if started is None:
+            raise ProcessLookupError(pid)
+        return cls(pid, started)
+
+    def alive(self) -> bool:
+        if start_time(self.pid) != self.started:
+            return False
+        with contextlib.suppress(OSError):
+            state = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            return state != "Z"
+        return False
+
+    def signal(self, sig: int, *, group: bool = False) -> None:
+        if not self.alive():
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if group and os.getpgid(self.pid) == self.pid:
+                os.killpg(self.pid, sig)
+            else:
+                os.kill(self.pid, sig)
+
+
+def stop_all(procs: list[Proc], *, grace: float = 10.0) -> list[Proc]:
+    """SIGTERM each process (and its process group if it leads one), SIGKILL what is left
+    after `grace` seconds. Returns what still runs (normally nothing)."""
+    for p in procs:
+        p.signal(signal.SIGTERM, group=True)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(p.alive() for p in procs):
+        _reap()
+        time.sleep(0.05)
+    for p in procs:
+        p.signal(signal.SIGKILL, group=True)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(p.alive() for p in procs):
+        _reap()
+        time.sleep(0.05)
+    return [p for p in procs if p.alive()]
+
+
+def _reap() -> None:
+    with contextlib.suppress(ChildProcessError):
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free ports (held open together so they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()

@@ -1,0 +1,72 @@
+"""slurm.conf for the test bed: configless, JWT as alternative auth, no static nodes."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+SLURM_USER = "root"
+REST_USER = "restd"
+JWT_KEY_PATH = "/etc/slurm/jwt_hs256.key"
+
+
+def slurm_conf(*, ctld_port: int, slurmd_port: int, max_nodes: int = 4096) -> str:
+    """The slurm.conf text. Dynamic nodes (`slurmd -Z`) join the `all` partition."""
+    lines = [
+        "ClusterName=slinky",
+        "SlurmctldHost=localhost",
+        f"SlurmctldPort={ctld_port}",
+        f"SlurmdPort={slurmd_port}",
+        f"SlurmUser={SLURM_USER}",
+        "AuthType=auth/slurm",
+        "CredType=cred/slurm",
+        "AuthAltTypes=auth/jwt",
+        f"AuthAltParameters=jwt_key={JWT_KEY_PATH}",
+        "SlurmctldParameters=enable_configless",
+        "StateSaveLocation=/var/spool/slurmctld",
+        "SlurmdSpoolDir=/var/spool/slurmd/%n",
+        "SlurmctldPidFile=/run/slurmctld/slurmctld.pid",
+        "SlurmdPidFile=/run/slurm/slurmd-%n.pid",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "SelectType=select/cons_tres",
+        "ReturnToService=2",
+        f"MaxNodeCount={max_nodes}",
+        "TreeWidth=65533",
+        "SchedulerParameters=batch_sched_delay=0",
+        "SlurmdTimeout=300",
+        "MailProg=/bin/true",
+        "MinJobAge=300",
+        "PartitionName=all Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_slurm_config(root: Path, *, ctld_port: int, slurmd_port: int) -> None:
+    """Write slurm.conf, cgroup.conf and fresh keys into the Slurm root; reset daemon state."""
+    etc = root / "etc" / "slurm"
+    etc.mkdir(parents=True, exist_ok=True)
+    (etc / "slurm.conf").write_text(slurm_conf(ctld_port=ctld_port, slurmd_port=slurmd_port))
+    (etc / "cgroup.conf").write_text("CgroupPlugin=disabled\n")
+    for name, size in (("slurm.key", 1024), ("jwt_hs256.key", 32)):
+        path = etc / name
+        if not path.exists():
+            path.write_bytes(secrets.token_bytes(size))
+        os.chmod(path, 0o600)
+    for d in ("var/spool/slurmctld", "var/spool/slurmd", "run/slurm", "run/slurmctld"):
+        path = root / d
+        if path.exists() and d.startswith("var/spool"):
+            _empty(path)
+        path.mkdir(parents=True, exist_ok=True)
+
+
+def _empty(path: Path) -> None:
+    for child in path.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            _empty(child)
+            child.rmdir()
+        else:
+            child.unlink()

@@ -1,0 +1,79 @@
+"""Fixtures: one real test bed per session, a namespace per test, clients for both sides."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from slinky.kube import rest
+from slinky.testbed import paths
+from slinky.testbed.bed import Testbed
+from slinky.testing.slurmrest import SlurmRest
+from slinky.testing.waiting import wait_for
+
+pytestmark = pytest.mark.e2e
+
+E2E_PROCESS_NODES = 3
+E2E_KWOK_NODES = 2
+
+
+def _all_running(bed: Testbed) -> bool:
+    state = bed.load()
+    names = {"etcd", "apiserver", "kcm", "scheduler", "kubelet", "slurmctld", "slurmrestd"}
+    running = {line.split()[0] for line in bed.status_lines(only_running=True)}
+    return bool(state.ports) and names <= running
+
+
+@pytest.fixture(scope="session")
+def testbed() -> Iterator[Testbed]:
+    """The session's test bed. With SLINKY_TESTBED_REUSE=1 a running one is reused and left
+    running; otherwise it is started here and stopped at the end."""
+    bed = Testbed(
+        Path(os.environ.get("SLINKY_E2E_TESTBED_DIR", paths.cache_dir() / "testbeds" / "e2e"))
+    )
+    reuse = os.environ.get("SLINKY_TESTBED_REUSE") == "1"
+    if reuse and _all_running(bed):
+        yield bed
+        return
+    if bed.status_lines(only_running=True):
+        bed.down(log=print)
+    bed.up(process_nodes=E2E_PROCESS_NODES, kwok_nodes=E2E_KWOK_NODES, log=print)
+    try:
+        yield bed
+    finally:
+        if not reuse:
+            bed.down(log=print)
+
+
+@pytest.fixture(scope="session")
+async def kube(testbed: Testbed) -> AsyncIterator[rest.Kube]:
+    client = rest.Kube.from_kubeconfig(testbed.kubeconfig)
+    yield client
+    await client.close()
+
+
+@pytest.fixture(scope="session")
+async def slurm(testbed: Testbed) -> AsyncIterator[SlurmRest]:
+    client = SlurmRest(testbed.slurm_rest_url, testbed.mint_slurm_token())
+    yield client
+    await client.close()
+
+
+@pytest.fixture
+async def namespace(kube: rest.Kube, request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    """A fresh namespace for one test, deleted afterwards."""
+    digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:6]
+    name = f"t-{request.node.name[:40].lower().replace('_', '-').strip('-')}-{digest}"
+    name = "".join(ch for ch in name if ch.isalnum() or ch == "-")
+    await kube.create(
+        rest.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    )
+    yield name
+    await kube.delete(rest.NAMESPACES, name)
+
+
+__all__ = ["wait_for"]
