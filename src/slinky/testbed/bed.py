@@ -448,6 +448,32 @@ class Testbed:
             env={"SLURM_JWT": "daemon"},
         )
 
+    # ---------------------------------------------------------------- single components
+
+    def stop_component(self, name: str) -> None:
+        """Stop one component (e.g. `apiserver`, `slurmrestd`) to test recovery."""
+        state = self.load()
+        pid, started = state.pids[name]
+        left = procs.stop_all([procs.Proc(pid, started)], grace=10)
+        if left:
+            raise TestbedError(f"{name} (pid {pid}) did not stop")
+
+    def start_component(self, name: str, *, timeout: float = 90) -> None:
+        """Start a stopped component again on its old port and wait until it is ready."""
+        state = self.load()
+        starters: dict[str, tuple[Callable[[State], None], Callable[[], bool]]] = {
+            "apiserver": (self._start_apiserver, lambda: self._kube_ok(state, "/readyz")),
+            "slurmrestd": (self._start_slurmrestd, lambda: self._slurmrestd_ok(state)),
+            "slurmctld": (self._start_slurmctld, self._slurmctld_up),
+        }
+        start, ready = starters[name]
+        start(state)
+        self._wait(name, ready, timeout)
+
+    def restart_component(self, name: str) -> None:
+        self.stop_component(name)
+        self.start_component(name)
+
     # ---------------------------------------------------------------- readiness probes
 
     def _ssl(self) -> ssl.SSLContext:

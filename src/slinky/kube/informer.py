@@ -1,0 +1,317 @@
+"""List-then-watch informers that keep a Store current and tell handlers what changed.
+
+Semantics follow client-go's reflector:
+
+- the first list is paginated (`limit`/`continue`) and gives the resourceVersion to watch from;
+- the watch asks for bookmarks, so the resourceVersion keeps moving even when nothing of ours
+  changes, and a reconnect resumes from the last version seen instead of re-listing;
+- a stream that stays silent longer than `silence_timeout` is presumed dead and reopened;
+- `410 Gone` (the version was compacted away while we were disconnected) forces a fresh list,
+  which is diffed against the store: objects that vanished meanwhile produce delete events,
+  so no handler misses a deletion;
+- connection errors back off exponentially and never drop the cache: reconcilers keep reading
+  the last known state while the apiserver restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx2
+
+from slinky.kube import rest
+from slinky.kube.store import IndexFunc, Store, key_of
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+
+
+@dataclass
+class Handler:
+    """Callbacks for one subscriber. They run on the event loop and must not block:
+    controllers use them only to enqueue keys."""
+
+    on_add: Callable[[JSON], None] | None = None
+    on_update: Callable[[JSON, JSON], None] | None = None
+    on_delete: Callable[[JSON], None] | None = None
+
+
+class Backoff:
+    """Exponential backoff with jitter."""
+
+    def __init__(self, initial: float = 0.2, maximum: float = 30.0) -> None:
+        self.initial = initial
+        self.maximum = maximum
+        self._next = initial
+
+    def next(self) -> float:
+        delay = self._next
+        self._next = min(self._next * 2, self.maximum)
+        return delay * random.uniform(0.8, 1.2)
+
+    def reset(self) -> None:
+        self._next = self.initial
+
+
+class WatchSilent(Exception):
+    """The watch stream sent nothing, not even a bookmark, for too long."""
+
+
+class Informer:
+    """Keeps `store` equal to the apiserver's view of one resource (and selector)."""
+
+    def __init__(
+        self,
+        kube: rest.Kube,
+        res: rest.Resource,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        indexers: dict[str, IndexFunc] | None = None,
+        page_size: int = 500,
+        watch_timeout: float = 300.0,
+        silence_timeout: float = 90.0,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.kube = kube
+        self.res = res
+        self.namespace = namespace
+        self.label_selector = label_selector
+        self.field_selector = field_selector
+        self.store = Store(indexers)
+        self.page_size = page_size
+        self.watch_timeout = watch_timeout
+        self.silence_timeout = silence_timeout
+        self.backoff = backoff or Backoff()
+        self.resource_version = ""
+        self.relists = 0
+        self.reconnects = 0
+        self._handlers: list[Handler] = []
+        self._synced = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        scope = f" ns={self.namespace}" if self.namespace else ""
+        return f"<Informer {self.res.plural}{scope} rv={self.resource_version}>"
+
+    # ------------------------------------------------------------ subscribers
+
+    def add_handler(self, handler: Handler) -> None:
+        """Subscribe; if the store is already synced, the handler first sees every object
+        as an add, so late subscribers start from the same picture."""
+        self._handlers.append(handler)
+        if self.has_synced and handler.on_add:
+            for obj in self.store.objects():
+                handler.on_add(obj)
+
+    @property
+    def has_synced(self) -> bool:
+        return self._synced.is_set()
+
+    async def wait_synced(self) -> None:
+        await self._synced.wait()
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self.run(), name=f"informer {self.res.plural}")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def run(self) -> None:
+        """List once, then watch forever; resume, re-list or back off as needed."""
+        while True:
+            try:
+                if not self.resource_version:
+                    await self._relist()
+                await self._watch()
+                self.backoff.reset()
+            except rest.ApiError as e:
+                if e.gone:
+                    log.info(
+                        "%s: resourceVersion %s is gone; re-listing", self, self.resource_version
+                    )
+                    self.resource_version = ""
+                    continue
+                delay = self.backoff.next()
+                log.warning("%s: %s; retrying in %.1fs", self, e, delay)
+                await asyncio.sleep(delay)
+            except WatchSilent:
+                log.info("%s: watch silent for %.0fs; reopening", self, self.silence_timeout)
+            except (httpx2.HTTPError, OSError, ValueError) as e:
+                delay = self.backoff.next()
+                log.warning("%s: connection problem (%s); retrying in %.1fs", self, e, delay)
+                await asyncio.sleep(delay)
+            self.reconnects += 1
+
+    def _selectors(self) -> dict[str, Any]:
+        return {"labelSelector": self.label_selector, "fieldSelector": self.field_selector}
+
+    async def _relist(self) -> None:
+        items: list[JSON] = []
+        cont: str | None = None
+        while True:
+            page = await self.kube.list(
+                self.res,
+                self.namespace,
+                params={"limit": self.page_size, "continue": cont, **self._selectors()},
+            )
+            items.extend(page["items"])
+            meta = page.get("metadata") or {}
+            cont = meta.get("continue") or None
+            if not cont:
+                break
+        for obj in items:  # list items carry no kind/apiVersion; watch events do
+            obj.setdefault("apiVersion", self.res.api_version)
+            obj.setdefault("kind", self.res.kind)
+        self._replace(items)
+        self.resource_version = str(meta["resourceVersion"])
+        self.relists += 1
+        self._synced.set()
+
+    def _replace(self, items: list[JSON]) -> None:
+        fresh = {key_of(o): o for o in items}
+        for key in self.store.keys():
+            if key not in fresh:
+                gone = self.store.delete(key)
+                if gone is not None:
+                    self._dispatch_delete(gone)
+        for obj in fresh.values():
+            old = self.store.upsert(obj)
+            if old is None:
+                self._dispatch_add(obj)
+            elif old["metadata"].get("resourceVersion") != obj["metadata"].get("resourceVersion"):
+                self._dispatch_update(old, obj)
+
+    async def _watch(self) -> None:
+        timeout = int(self.watch_timeout * random.uniform(1.0, 2.0))
+        params = {
+            "resourceVersion": self.resource_version,
+            "allowWatchBookmarks": True,
+            "timeoutSeconds": timeout,
+            **self._selectors(),
+        }
+        stream = self.kube.watch(self.res, self.namespace, params=params).__aiter__()
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(stream.__anext__(), self.silence_timeout)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    raise WatchSilent() from None
+                self.backoff.reset()
+                self._on_event(event)
+        finally:
+            with contextlib.suppress(Exception):
+                await stream.aclose()  # type: ignore[attr-defined]
+
+    def _on_event(self, event: JSON) -> None:
+        kind, obj = event["type"], event["object"]
+        rv = obj.get("metadata", {}).get("resourceVersion")
+        if kind == "BOOKMARK":
+            if rv:
+                self.resource_version = str(rv)
+            return
+        if kind in ("ADDED", "MODIFIED"):
+            old = self.store.upsert(obj)
+            if old is None:
+                self._dispatch_add(obj)
+            else:
+                self._dispatch_update(old, obj)
+        elif kind == "DELETED":
+            self.store.delete(key_of(obj))
+            self._dispatch_delete(obj)
+        if rv:
+            self.resource_version = str(rv)
+
+    # ------------------------------------------------------------ dispatch
+
+    def _dispatch_add(self, obj: JSON) -> None:
+        for h in self._handlers:
+            if h.on_add:
+                self._safely(h.on_add, obj)
+
+    def _dispatch_update(self, old: JSON, new: JSON) -> None:
+        for h in self._handlers:
+            if h.on_update:
+                self._safely(h.on_update, old, new)
+
+    def _dispatch_delete(self, obj: JSON) -> None:
+        for h in self._handlers:
+            if h.on_delete:
+                self._safely(h.on_delete, obj)
+
+    def _safely(self, fn: Callable[..., None], *args: JSON) -> None:
+        try:
+            fn(*args)
+        except Exception:
+            log.exception("%s: event handler failed for %s", self, key_of(args[-1]))
+
+
+class InformerFactory:
+    """One informer per (resource, namespace, selectors), shared by every controller of a
+    process: a second controller asking for pods gets the same cache, not a second watch."""
+
+    def __init__(self, kube: rest.Kube, *, namespace: str | None = None, **options: Any) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.options = options
+        self._informers: dict[tuple[str, str | None, str | None, str | None], Informer] = {}
+
+    def informer(
+        self,
+        res: rest.Resource,
+        *,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
+        indexers: dict[str, IndexFunc] | None = None,
+    ) -> Informer:
+        namespace = self.namespace if res.namespaced else None
+        key = (f"{res.api_version}/{res.plural}", namespace, label_selector, field_selector)
+        inf = self._informers.get(key)
+        if inf is None:
+            inf = Informer(
+                self.kube,
+                res,
+                namespace=namespace,
+                label_selector=label_selector,
+                field_selector=field_selector,
+                **self.options,
+            )
+            self._informers[key] = inf
+        for name, fn in (indexers or {}).items():
+            inf.store.add_indexer(name, fn)
+        return inf
+
+    @property
+    def informers(self) -> list[Informer]:
+        return list(self._informers.values())
+
+    def start(self) -> None:
+        for inf in self._informers.values():
+            inf.start()
+
+    async def wait_synced(self) -> None:
+        await asyncio.gather(*(i.wait_synced() for i in self._informers.values()))
+
+    @property
+    def has_synced(self) -> bool:
+        return all(i.has_synced for i in self._informers.values())
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(i.stop() for i in self._informers.values()))

@@ -1,0 +1,40 @@
+"""Structured logs: one line per decision, as text or JSON (`--log-format json`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from typing import Any
+
+_STD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": self.formatTime(record, "%Y-%m-%dT%H:%M:%S") + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for k, v in record.__dict__.items():
+            if k not in _STD and not k.startswith("_"):
+                out[k] = v
+        if record.exc_info:
+            out["error"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def setup(level: str = "info", fmt: str = "text") -> None:
+    """Configure the root logger once for a process."""
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for noisy in ("httpx", "httpx2", "httpcore", "httpcore2", "aiohttp.access"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -1,0 +1,88 @@
+"""Store indexes, conditions, expectations, owner mapping: pure logic of slinky.kube."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from slinky.kube import conditions, controller, store
+from slinky.kube.expectations import Expectations
+
+
+def obj(name: str, ns: str | None = "n", **extra: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "resourceVersion": "1", **extra}
+    if ns:
+        meta["namespace"] = ns
+    return {"metadata": meta, "spec": {}}
+
+
+def test_store_indexes_follow_updates_and_deletes() -> None:
+    s = store.Store({store.BY_NODE_NAME: store.index_node_name, "app": store.index_label("app")})
+    p = obj("p", labels={"app": "x"}, ownerReferences=[{"uid": "u1"}])
+    p["spec"]["nodeName"] = "n1"
+    s.upsert(p)
+    assert [store.key_of(o) for o in s.by_index(store.BY_OWNER_UID, "u1")] == ["n/p"]
+    assert s.by_index(store.BY_NODE_NAME, "n1") == [p]
+    moved = obj("p", labels={"app": "y"})
+    moved["spec"]["nodeName"] = "n2"
+    s.upsert(moved)
+    assert s.by_index(store.BY_NODE_NAME, "n1") == []
+    assert s.by_index("app", "y") == [moved]
+    assert s.by_index(store.BY_OWNER_UID, "u1") == []
+    s.delete("n/p")
+    assert s.by_index("app", "y") == [] and len(s) == 0
+
+
+def test_added_indexer_covers_existing_objects() -> None:
+    s = store.Store()
+    s.upsert(obj("a", labels={"k": "v"}))
+    s.add_indexer("k", store.index_label("k"))
+    assert len(s.by_index("k", "v")) == 1
+
+
+def test_keys_for_namespaced_and_cluster_objects() -> None:
+    assert store.key_of(obj("a")) == "n/a"
+    assert store.key_of(obj("node", ns=None)) == "node"
+    assert store.split_key("n/a") == ("n", "a")
+    assert store.split_key("node") == (None, "node")
+
+
+def test_condition_transition_time_changes_only_on_status_change() -> None:
+    conds, changed = conditions.set_condition(None, "Ready", False, reason="A", now="t1")
+    assert changed and conds[0]["lastTransitionTime"] == "t1"
+    conds, changed = conditions.set_condition(
+        conds, "Ready", False, reason="B", message="m", now="t2"
+    )
+    assert changed and conds[0]["lastTransitionTime"] == "t1" and conds[0]["reason"] == "B"
+    conds, changed = conditions.set_condition(
+        conds, "Ready", False, reason="B", message="m", now="t3"
+    )
+    assert not changed
+    conds, changed = conditions.set_condition(conds, "Ready", True, reason="Ok", now="t4")
+    assert changed and conds[0]["lastTransitionTime"] == "t4"
+    assert conditions.is_true(conds, "Ready")
+
+
+def test_expectations_wait_for_observations_and_expire() -> None:
+    e = Expectations(ttl=0.05)
+    e.expect_creations("k", 2)
+    e.expect_deletions("k", ["u1"])
+    assert not e.satisfied("k")
+    e.creation_observed("k")
+    e.creation_observed("k")
+    assert not e.satisfied("k")
+    e.deletion_observed("k", "u1")
+    assert e.satisfied("k")
+    e.expect_creations("k", 1)
+    time.sleep(0.06)
+    assert e.satisfied("k"), "an expectation never observed expires"
+
+
+def test_owner_mapper_maps_controlled_children_only() -> None:
+    m = controller.owner_mapper("NodeSet")
+    child = obj(
+        "c", ownerReferences=[{"kind": "NodeSet", "name": "ns1", "uid": "u", "controller": True}]
+    )
+    other = obj("d", ownerReferences=[{"kind": "NodeSet", "name": "ns1", "uid": "u"}])
+    assert m(child) == ["n/ns1"]
+    assert m(other) == []
