@@ -76,7 +76,7 @@ async def test_crd_and_deployment_with_gc_by_controller_manager(
 
     async def established() -> bool:
         got = await kube.get(rest.CRDS, crd["metadata"]["name"])
-        conds = got.get("status", {}).get("conditions", [])
+        conds = (got.get("status") or {}).get("conditions") or []
         return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
 
     await wait_for(established, timeout=30, what="CRD established")
@@ -115,7 +115,7 @@ async def test_crd_and_deployment_with_gc_by_controller_manager(
             for rs in items
             if any(
                 o["uid"] == created["metadata"]["uid"]
-                for o in rs["metadata"].get("ownerReferences", [])
+                for o in rs["metadata"].get("ownerReferences") or []
             )
         ]
 
@@ -166,7 +166,7 @@ async def test_process_pod_exit_code_and_failed_phase(kube: rest.Kube, namespace
 
     async def failed() -> JSON | None:
         got = await kube.get(rest.PODS, "exit3", namespace)
-        return got if got.get("status", {}).get("phase") == "Failed" else None
+        return got if (got.get("status") or {}).get("phase") == "Failed" else None
 
     got = await wait_for(failed, timeout=30, what="pod Failed")
     state = got["status"]["containerStatuses"][0]["state"]
@@ -187,7 +187,7 @@ async def test_process_pod_restart_policy_restarts_and_succeeds(
 
     async def succeeded() -> JSON | None:
         got = await kube.get(rest.PODS, "flaky", namespace)
-        return got if got.get("status", {}).get("phase") == "Succeeded" else None
+        return got if (got.get("status") or {}).get("phase") == "Succeeded" else None
 
     got = await wait_for(succeeded, timeout=30, what="pod Succeeded after one restart")
     assert got["status"]["containerStatuses"][0]["restartCount"] == 1
@@ -236,7 +236,7 @@ async def test_slurmd_pod_registers_idle_and_prestop_runs_on_delete(
 
     async def container_id() -> str:
         got = await kube.get(rest.PODS, name, namespace)
-        statuses = got.get("status", {}).get("containerStatuses", [])
+        statuses = (got.get("status") or {}).get("containerStatuses") or []
         return str(statuses[0].get("containerID", "")) if statuses else ""
 
     cid = await wait_for(container_id, timeout=10, what="containerID in pod status")
@@ -310,7 +310,7 @@ async def test_second_testbed_runs_beside_and_teardown_leaves_no_process(
 
             async def running() -> bool:
                 got = await kube.get(rest.PODS, "sleeper", "default")
-                return got.get("status", {}).get("phase") == "Running"
+                return (got.get("status") or {}).get("phase") == "Running"
 
             await wait_for(running, timeout=30, what="sleeper Running")
         finally:

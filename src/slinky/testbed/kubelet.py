@@ -127,8 +127,8 @@ class PodWorker:
         self.uid: str = meta["uid"]
         spec = pod["spec"]
         self.hostname: str = (spec.get("hostname") or self.name)[:63]
-        self.containers = [Container(c) for c in spec.get("containers", [])]
-        self.init_containers = [Container(c) for c in spec.get("initContainers", [])]
+        self.containers = [Container(c) for c in spec.get("containers") or []]
+        self.init_containers = [Container(c) for c in spec.get("initContainers") or []]
         self.slurmd_port = procs.free_port()
         self.changed = asyncio.Event()
         self.status_lock = asyncio.Lock()
@@ -293,7 +293,7 @@ class PodWorker:
 
     def _argv_env(self, c: Container, base_env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
         cenv = dict(base_env)
-        for e in c.spec.get("env", []) or []:
+        for e in c.spec.get("env") or []:
             if "value" in e:
                 cenv[e["name"]] = expand(str(e["value"]), cenv)
             elif "valueFrom" in e:
@@ -344,7 +344,7 @@ class PodWorker:
             "POD_NAMESPACE": self.namespace,
         }
         for c in (*self.init_containers, *self.containers):
-            for e in c.spec.get("env", []) or []:
+            for e in c.spec.get("env") or []:
                 src = e.get("valueFrom") or {}
                 for key, secret in (("configMapKeyRef", False), ("secretKeyRef", True)):
                     if key in src:
@@ -484,7 +484,7 @@ class PodWorker:
                 self._container_status(c) for c in self.init_containers
             ]
         # Keep lastTransitionTime stable for conditions that did not change.
-        old = {c["type"]: c for c in (self.pod.get("status") or {}).get("conditions", [])}
+        old = {c["type"]: c for c in (self.pod.get("status") or {}).get("conditions") or []}
         for c in status["conditions"]:
             prev = old.get(c["type"])
             if prev and prev.get("status") == c["status"]:
