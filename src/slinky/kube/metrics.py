@@ -5,9 +5,48 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 _WQ_BUCKETS = (1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 0.01, 0.1, 1.0, 10.0, 100.0, 1000.0)
-_RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45,
-                      0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0,
-                      4.5, 5, 6, 7, 8, 9, 10, 15, 20, 25, 30, 40, 50, 60)  # fmt: skip
+_RECONCILE_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.15,
+    0.2,
+    0.25,
+    0.3,
+    0.35,
+    0.4,
+    0.45,
+    0.5,
+    0.6,
+    0.7,
+    0.8,
+    0.9,
+    1.0,
+    1.25,
+    1.5,
+    1.75,
+    2.0,
+    2.5,
+    3.0,
+    3.5,
+    4.0,
+    4.5,
+    5,
+    6,
+    7,
+    8,
+    9,
+    10,
+    15,
+    20,
+    25,
+    30,
+    40,
+    50,
+    60,
+)
 
 RECONCILE_TOTAL = Counter(
     "controller_runtime_reconcile_total",
@@ -37,8 +76,9 @@ ACTIVE_WORKERS = Gauge(
 )
 
 WQ_DEPTH = Gauge("workqueue_depth", "Current depth of workqueue", ["name", "controller"])
-WQ_ADDS = Counter("workqueue_adds_total", "Total number of adds handled by workqueue",
-                  ["name", "controller"])  # fmt: skip
+WQ_ADDS = Counter(
+    "workqueue_adds_total", "Total number of adds handled by workqueue", ["name", "controller"]
+)
 WQ_QUEUE_DURATION = Histogram(
     "workqueue_queue_duration_seconds",
     "How long in seconds an item stays in workqueue before being requested",
@@ -51,8 +91,11 @@ WQ_WORK_DURATION = Histogram(
     ["name", "controller"],
     buckets=_WQ_BUCKETS,
 )
-WQ_RETRIES = Counter("workqueue_retries_total", "Total number of retries handled by workqueue",
-                     ["name", "controller"])  # fmt: skip
+WQ_RETRIES = Counter(
+    "workqueue_retries_total",
+    "Total number of retries handled by workqueue",
+    ["name", "controller"],
+)
 WQ_UNFINISHED = Gauge(
     "workqueue_unfinished_work_seconds",
     "How many seconds of work has been done that is in progress",

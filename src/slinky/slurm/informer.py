@@ -1,0 +1,236 @@
+"""The Slurm informer: a cache of Slurm nodes (and, on request, jobs) and the event channel
+that tells controllers what changed.
+
+slurmrestd has no watch. Polling with `update_time` costs one small request per interval
+while nothing changes (HTTP 304 for nodes, an empty answer for jobs); when something did
+change slurmctld returns the whole list, which is diffed against the cache so subscribers
+get one event per node that really changed (volatile counters such as CPU load are ignored).
+A periodic full list, whatever `update_time` says, is the backstop that detects anything
+missed. While slurmrestd is unreachable the cache keeps the last state, the informer reports
+itself stale, and polls back off; the first successful poll re-lists and catches up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from slinky.slurm import errors
+from slinky.slurm.client import SlurmClient
+from slinky.slurm.models import Job, Node
+
+log = logging.getLogger(__name__)
+
+EventType = Literal["ADDED", "UPDATED", "DELETED", "STALE", "FRESH"]
+
+# Fields that change on every slurmd heartbeat without meaning anything to a controller.
+VOLATILE_NODE_FIELDS = frozenset(
+    {
+        "cpu_load",
+        "free_mem",
+        "energy",
+        "last_busy",
+        "slurmd_start_time",
+        "boot_time",
+        "tres_used",
+        "alloc_idle_cpus",
+        "tls_cert_last_renewal",
+        "external_sensors",
+        "power",
+    }
+)
+VOLATILE_JOB_FIELDS = frozenset(
+    {"last_sched_evaluation", "priority", "pre_sus_time", "sockets_per_node"}
+)
+
+
+@dataclass(frozen=True)
+class SlurmEvent:
+    """One change seen in Slurm. `kind` is "node", "job" or "informer" (for STALE/FRESH)."""
+
+    kind: Literal["node", "job", "informer"]
+    type: EventType
+    name: str
+    old: Any = None
+    new: Any = None
+
+
+Subscriber = Callable[[SlurmEvent], None]
+
+
+def _significant(raw: dict[str, Any], volatile: frozenset[str]) -> dict[str, Any]:
+    return {k: v for k, v in raw.items() if k not in volatile}
+
+
+class SlurmInformer:
+    def __init__(
+        self,
+        client: SlurmClient,
+        *,
+        poll_interval: float = 2.0,
+        resync_interval: float = 30.0,
+        watch_jobs: bool = False,
+        max_backoff: float = 30.0,
+    ) -> None:
+        self.client = client
+        self.poll_interval = poll_interval
+        self.resync_interval = resync_interval
+        self.watch_jobs = watch_jobs
+        self.max_backoff = max_backoff
+        self.nodes: dict[str, Node] = {}
+        self.jobs: dict[int, Job] = {}
+        self.stale = True
+        self.last_error: str = ""
+        self.last_success = 0.0
+        self.polls = 0
+        self.full_lists = 0
+        self.unchanged_polls = 0
+        self._node_sig: dict[str, dict[str, Any]] = {}
+        self._job_sig: dict[int, dict[str, Any]] = {}
+        self._node_update = 0
+        self._job_update = 0
+        self._last_resync = 0.0
+        self._synced = asyncio.Event()
+        self._subscribers: list[Subscriber] = []
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+
+    def __repr__(self) -> str:
+        return f"<SlurmInformer {self.client.url} nodes={len(self.nodes)} stale={self.stale}>"
+
+    # ------------------------------------------------------------ subscribers
+
+    def subscribe(self, fn: Subscriber) -> None:
+        """Receive every event; called on the event loop, must not block."""
+        self._subscribers.append(fn)
+
+    def unsubscribe(self, fn: Subscriber) -> None:
+        with contextlib.suppress(ValueError):
+            self._subscribers.remove(fn)
+
+    def _publish(self, event: SlurmEvent) -> None:
+        for fn in list(self._subscribers):
+            try:
+                fn(event)
+            except Exception:
+                log.exception("%s: subscriber failed on %s %s", self, event.type, event.name)
+
+    @property
+    def has_synced(self) -> bool:
+        return self._synced.is_set()
+
+    async def wait_synced(self) -> None:
+        await self._synced.wait()
+
+    def poke(self) -> None:
+        """Poll now (after we changed something and want to see the result early)."""
+        self._wake.set()
+
+    # ------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self.run(), name=f"slurm informer {self.client.url}")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def run(self) -> None:
+        delay = self.poll_interval
+        while True:
+            try:
+                await self.poll_once()
+                delay = self.poll_interval
+            except errors.SlurmError as e:
+                self._mark_stale(str(e))
+                delay = min(max(delay * 2, self.poll_interval), self.max_backoff)
+                delay *= random.uniform(0.8, 1.2)
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
+
+    async def poll_once(self) -> None:
+        """One poll: deltas, or a full list when due (or after being stale)."""
+        now = time.monotonic()
+        full = self.stale or now - self._last_resync >= self.resync_interval
+        self.polls += 1
+        nodes, last = await self.client.list_nodes(update_time=None if full else self._node_update)
+        jobs: list[Job] | None = None
+        job_last = self._job_update
+        if self.watch_jobs:
+            jobs, job_last = await self.client.list_jobs(
+                update_time=None if full else self._job_update
+            )
+        if full:
+            self.full_lists += 1
+            self._last_resync = now
+        if nodes is not None:
+            self._diff_nodes(nodes)
+        elif jobs is None:
+            self.unchanged_polls += 1
+        self._node_update = last or self._node_update
+        if jobs is not None:
+            self._diff_jobs(jobs)
+        self._job_update = job_last or self._job_update
+        self.last_success = time.time()
+        self.last_error = ""
+        self._synced.set()
+        if self.stale:
+            self.stale = False
+            self._publish(SlurmEvent("informer", "FRESH", self.client.url))
+
+    def _mark_stale(self, error: str) -> None:
+        self.last_error = error
+        if not self.stale or not self.has_synced:
+            log.warning("%s: slurmrestd unavailable, keeping last state: %s", self, error)
+        if not self.stale:
+            self.stale = True
+            self._publish(SlurmEvent("informer", "STALE", self.client.url))
+
+    # ------------------------------------------------------------ diffs
+
+    def _diff_nodes(self, nodes: list[Node]) -> None:
+        fresh = {n.name: n for n in nodes}
+        for name in list(self.nodes):
+            if name not in fresh:
+                gone = self.nodes.pop(name)
+                self._node_sig.pop(name, None)
+                self._publish(SlurmEvent("node", "DELETED", name, old=gone))
+        for name, node in fresh.items():
+            sig = _significant(node.raw, VOLATILE_NODE_FIELDS)
+            old = self.nodes.get(name)
+            self.nodes[name] = node
+            if old is None:
+                self._node_sig[name] = sig
+                self._publish(SlurmEvent("node", "ADDED", name, new=node))
+            elif self._node_sig.get(name) != sig:
+                self._node_sig[name] = sig
+                self._publish(SlurmEvent("node", "UPDATED", name, old=old, new=node))
+
+    def _diff_jobs(self, jobs: list[Job]) -> None:
+        fresh = {j.job_id: j for j in jobs}
+        for job_id in list(self.jobs):
+            if job_id not in fresh:
+                finished = self.jobs.pop(job_id)
+                self._job_sig.pop(job_id, None)
+                self._publish(SlurmEvent("job", "DELETED", str(job_id), old=finished))
+        for job_id, job in fresh.items():
+            sig = _significant(job.raw, VOLATILE_JOB_FIELDS)
+            old = self.jobs.get(job_id)
+            self.jobs[job_id] = job
+            if old is None:
+                self._job_sig[job_id] = sig
+                self._publish(SlurmEvent("job", "ADDED", str(job_id), new=job))
+            elif self._job_sig.get(job_id) != sig:
+                self._job_sig[job_id] = sig
+                self._publish(SlurmEvent("job", "UPDATED", str(job_id), old=old, new=job))

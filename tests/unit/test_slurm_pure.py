@@ -1,0 +1,100 @@
+"""Pure logic of slinky.slurm: node state rules, error classification, token providers."""
+
+from __future__ import annotations
+
+import time
+
+import jwt
+import pytest
+
+from slinky.slurm import errors
+from slinky.slurm.models import Job, Node, NodeState, number
+from slinky.slurm.tokens import MintedToken, StaticToken, TokenFile
+
+
+@pytest.mark.parametrize(
+    ("states", "drained", "busy"),
+    [
+        (["IDLE", "DRAIN"], True, False),
+        (["IDLE"], False, False),
+        (["MIXED", "DRAIN"], False, True),
+        (["ALLOCATED", "DRAIN"], False, True),
+        (["IDLE", "DRAIN", "COMPLETING"], False, True),
+        (["DOWN", "DRAIN", "NOT_RESPONDING"], True, False),
+        (["IDLE", "DYNAMIC_NORM"], False, False),
+    ],
+)
+def test_drained_means_drain_and_nothing_running(
+    states: list[str], drained: bool, busy: bool
+) -> None:
+    s = NodeState.parse(states)
+    assert s.is_drained is drained
+    assert s.is_busy is busy
+
+
+def test_node_state_base_and_flags() -> None:
+    s = NodeState.parse(["DRAIN", "IDLE", "NOT_RESPONDING"])
+    assert s.base == "IDLE"
+    assert s.flags == {"DRAIN", "NOT_RESPONDING"}
+    assert str(s) == "IDLE+DRAIN+NOT_RESPONDING"
+    assert NodeState.parse([]).base == "UNKNOWN"
+
+
+def test_node_and_job_parse_no_val_structs() -> None:
+    n = Node.parse({"name": "a", "state": ["MIXED"], "features": "x,y", "cpus": 4})
+    assert n.features == ["x", "y"] and n.state.is_busy
+    j = Job.parse({"job_id": 7, "job_state": ["RUNNING"], "time_limit": {"set": True, "number": 10},
+                   "end_time": {"set": False, "number": 0}})  # fmt: skip
+    assert j.time_limit_min == 10 and j.end_time is None and j.is_running
+    assert number({"set": True, "infinite": True, "number": 5}) is None
+
+
+def entry(n: int, text: str = "") -> errors.SlurmErrorEntry:
+    return errors.SlurmErrorEntry(n, text, "", "")
+
+
+def test_errors_are_classified_by_slurm_number_not_only_http_status() -> None:
+    kw = {"endpoint": "/x"}
+    assert isinstance(
+        errors.classify("m", status=422, errors=[entry(2018)], **kw), errors.SlurmNotFound
+    )
+    assert isinstance(
+        errors.classify("m", status=404, errors=[entry(2017)], **kw), errors.SlurmNotFound
+    )
+    assert isinstance(
+        errors.classify("m", status=500, errors=[entry(2016)], **kw), errors.SlurmNodeBusy
+    )
+    assert isinstance(
+        errors.classify("m", status=511, errors=[entry(1007)], **kw), errors.SlurmAuthError
+    )
+    assert isinstance(errors.classify("m", status=401, errors=[], **kw), errors.SlurmAuthError)
+    plain = errors.classify("m", status=500, errors=[entry(9999, "odd")], **kw)
+    assert type(plain) is errors.SlurmError and "odd (9999)" in str(plain)
+
+
+async def test_minted_token_claims_and_renewal() -> None:
+    t = MintedToken(b"k" * 32, user="slurm", lifetime=60, refresh_before=20)
+    tok = await t.token()
+    claims = jwt.decode(tok, b"k" * 32, algorithms=["HS256"])
+    assert claims["sun"] == "slurm" and claims["exp"] - claims["iat"] == 60
+    assert await t.token() == tok, "reused while fresh"
+    t._expires = time.time() + 10  # inside the refresh window
+    assert await t.token() != tok or t.minted == 2
+    assert t.minted == 2
+    t.invalidate()
+    await t.token()
+    assert t.minted == 3
+    assert tok not in repr(t)
+
+
+async def test_static_and_file_tokens_hide_secrets(tmp_path: object) -> None:
+    assert "secret" not in repr(StaticToken("secret"))
+    from pathlib import Path
+
+    p = Path(str(tmp_path)) / "t"
+    p.write_text("one\n")
+    f = TokenFile(p)
+    assert await f.token() == "one"
+    p.write_text("two-longer\n")
+    assert await f.token() == "two-longer"
+    assert "two" not in repr(f)
