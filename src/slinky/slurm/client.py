@@ -71,6 +71,7 @@ class SlurmClient:
         self.version: str | None = None
         self.slurm_release = ""
         self.requests_sent = 0
+        self.bytes_received = 0
         self.http = httpx2.AsyncClient(
             base_url=self.url,
             timeout=httpx2.Timeout(timeout),
@@ -126,6 +127,7 @@ class SlurmClient:
             finally:
                 LATENCY.labels(self.url, method, endpoint).observe(time.perf_counter() - t0)
             REQUESTS.labels(self.url, method, endpoint, str(resp.status_code)).inc()
+            self.bytes_received += len(resp.content)
             if self._refused_token(resp) and not refreshed:
                 self.tokens.invalidate()
                 refreshed = True
