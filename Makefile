@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 DEV_DIR ?= $(HOME)/.cache/slinky/testbeds/dev
 PYTEST_ARGS ?=
 
-.PHONY: all venv testbed-build lint fmt typecheck unit e2e test dev dev-down dev-env bench clean
+.PHONY: all venv testbed-build lint fmt typecheck unit e2e test dev dev-down dev-env bench crds clean
 
 all: test
 
@@ -56,6 +56,10 @@ dev-down: venv
 
 dev-env: venv
 	@$(BIN)/slinky testbed --dir $(DEV_DIR) env
+
+## Regenerate config/crd/ from the API models.
+crds: venv
+	$(BIN)/python -m slinky.api.v1alpha1.crds config/crd
 
 bench: testbed-build
 	$(BIN)/python -m bench

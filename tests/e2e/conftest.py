@@ -14,6 +14,7 @@ from slinky.testbed import paths
 from slinky.testbed.bed import Testbed
 from slinky.testing.slurmrest import SlurmRest
 from slinky.testing.waiting import wait_for
+from tests.e2e.operator_fixtures import crds, operator
 
 pytestmark = pytest.mark.e2e
 
@@ -76,4 +77,4 @@ async def namespace(kube: rest.Kube, request: pytest.FixtureRequest) -> AsyncIte
     await kube.delete(rest.NAMESPACES, name)
 
 
-__all__ = ["wait_for"]
+__all__ = ["crds", "operator", "wait_for"]

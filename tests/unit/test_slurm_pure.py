@@ -43,8 +43,14 @@ def test_node_state_base_and_flags() -> None:
 def test_node_and_job_parse_no_val_structs() -> None:
     n = Node.parse({"name": "a", "state": ["MIXED"], "features": "x,y", "cpus": 4})
     assert n.features == ["x", "y"] and n.state.is_busy
-    j = Job.parse({"job_id": 7, "job_state": ["RUNNING"], "time_limit": {"set": True, "number": 10},
-                   "end_time": {"set": False, "number": 0}})  # fmt: skip
+    j = Job.parse(
+        {
+            "job_id": 7,
+            "job_state": ["RUNNING"],
+            "time_limit": {"set": True, "number": 10},
+            "end_time": {"set": False, "number": 0},
+        }
+    )
     assert j.time_limit_min == 10 and j.end_time is None and j.is_running
     assert number({"set": True, "infinite": True, "number": 5}) is None
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from slinky.kube import metrics
-from slinky.kube.informer import Handler, Informer
+from slinky.kube.informer import Handler
 from slinky.kube.queue import WorkQueue
 from slinky.kube.store import key_of
 
@@ -39,6 +39,15 @@ DONE = Result()
 
 class Reconciler(Protocol):
     async def reconcile(self, key: str) -> Result: ...
+
+
+class Source(Protocol):
+    """Anything that dispatches object events and can say when it has synced
+    (an Informer, a MultiInformer)."""
+
+    def add_handler(self, handler: Handler) -> None: ...
+
+    async def wait_synced(self) -> None: ...
 
 
 def owner_mapper(kind: str, api_version: str | None = None) -> Mapper:
@@ -76,7 +85,7 @@ class Controller:
         self.reconciler = reconciler
         self.workers = workers
         self.queue = queue or WorkQueue(name, controller=name)
-        self._informers: list[Informer] = []
+        self._informers: list[Source] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._m_total = {
             r: metrics.RECONCILE_TOTAL.labels(controller=name, result=r)
@@ -91,7 +100,7 @@ class Controller:
 
     def watch(
         self,
-        informer: Informer,
+        informer: Source,
         mapper: Mapper = own_key,
         *,
         predicate: Callable[[JSON | None, JSON], bool] | None = None,
@@ -115,7 +124,7 @@ class Controller:
 
         informer.add_handler(Handler(on_add=on_add, on_update=on_update, on_delete=enqueue))
 
-    def owns(self, informer: Informer, kind: str, api_version: str | None = None) -> None:
+    def owns(self, informer: Source, kind: str, api_version: str | None = None) -> None:
         """Children (pods, services, ...) enqueue their controlling owner of `kind`."""
         self.watch(informer, owner_mapper(kind, api_version))
 

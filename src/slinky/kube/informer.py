@@ -263,13 +263,67 @@ class Informer:
             log.exception("%s: event handler failed for %s", self, key_of(args[-1]))
 
 
+class MultiInformer:
+    """Informers of one resource in several namespaces, read as one cache.
+
+    Used when a process watches a list of namespaces (`--namespace a --namespace b`): one
+    list+watch per namespace, one view for the controllers.
+    """
+
+    def __init__(self, informers: list[Informer]) -> None:
+        self.informers = informers
+        self._by_ns = {i.namespace: i for i in informers}
+
+    def add_handler(self, handler: Handler) -> None:
+        for i in self.informers:
+            i.add_handler(handler)
+
+    def add_indexer(self, name: str, fn: IndexFunc) -> None:
+        for i in self.informers:
+            i.store.add_indexer(name, fn)
+
+    @property
+    def has_synced(self) -> bool:
+        return all(i.has_synced for i in self.informers)
+
+    async def wait_synced(self) -> None:
+        await asyncio.gather(*(i.wait_synced() for i in self.informers))
+
+    def get(self, key: str) -> JSON | None:
+        ns, _, _ = key.partition("/")
+        inf = self._by_ns.get(ns) or self._by_ns.get(None)
+        return inf.store.get(key) if inf else None
+
+    def by_index(self, index: str, value: str) -> list[JSON]:
+        return [o for i in self.informers for o in i.store.by_index(index, value)]
+
+    def objects(self) -> list[JSON]:
+        return [o for i in self.informers for o in i.store.objects()]
+
+    def __len__(self) -> int:
+        return sum(len(i.store) for i in self.informers)
+
+
 class InformerFactory:
     """One informer per (resource, namespace, selectors), shared by every controller of a
-    process: a second controller asking for pods gets the same cache, not a second watch."""
+    process: a second controller asking for pods gets the same cache, not a second watch.
+    `namespaces=None` watches all namespaces; otherwise one informer per listed namespace."""
 
-    def __init__(self, kube: rest.Kube, *, namespace: str | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        kube: rest.Kube,
+        *,
+        namespace: str | None = None,
+        namespaces: list[str] | None = None,
+        **options: Any,
+    ) -> None:
         self.kube = kube
-        self.namespace = namespace
+        self.namespaces: list[str | None] = [None]
+        if namespaces:
+            self.namespaces = list(namespaces)
+        elif namespace:
+            self.namespaces = [namespace]
+        self.namespace = self.namespaces[0]
         self.options = options
         self._informers: dict[tuple[str, str | None, str | None, str | None], Informer] = {}
 
@@ -280,15 +334,17 @@ class InformerFactory:
         label_selector: str | None = None,
         field_selector: str | None = None,
         indexers: dict[str, IndexFunc] | None = None,
+        namespace: str | None = None,
     ) -> Informer:
-        namespace = self.namespace if res.namespaced else None
-        key = (f"{res.api_version}/{res.plural}", namespace, label_selector, field_selector)
+        """The informer for `res` in `namespace` (default: the factory's first namespace)."""
+        ns = (namespace if namespace is not None else self.namespace) if res.namespaced else None
+        key = (f"{res.api_version}/{res.plural}", ns, label_selector, field_selector)
         inf = self._informers.get(key)
         if inf is None:
             inf = Informer(
                 self.kube,
                 res,
-                namespace=namespace,
+                namespace=ns,
                 label_selector=label_selector,
                 field_selector=field_selector,
                 **self.options,
@@ -297,6 +353,20 @@ class InformerFactory:
         for name, fn in (indexers or {}).items():
             inf.store.add_indexer(name, fn)
         return inf
+
+    def shared(
+        self,
+        res: rest.Resource,
+        *,
+        label_selector: str | None = None,
+        indexers: dict[str, IndexFunc] | None = None,
+    ) -> MultiInformer:
+        """The informers for `res` across every namespace this factory watches."""
+        namespaces = self.namespaces if res.namespaced else [None]
+        return MultiInformer([
+            self.informer(res, label_selector=label_selector, indexers=indexers, namespace=ns)
+            for ns in namespaces
+        ])  # fmt: skip
 
     @property
     def informers(self) -> list[Informer]:

@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Protocol
 
 import jwt
+from prometheus_client import Counter
+
+MINTED = Counter("slinky_slurm_tokens_minted_total", "JWTs minted from a Slurm JWT key", ["user"])
 
 
 class TokenProvider(Protocol):
@@ -112,6 +115,7 @@ class MintedToken:
             self._token = jwt.encode({"sun": self.user, "iat": iat, "exp": exp}, self._key, "HS256")
             self._expires = float(exp)
             self.minted += 1
+            MINTED.labels(self.user).inc()
         return self._token
 
     def invalidate(self) -> None:

@@ -1,0 +1,1 @@
+"""Custom resource definitions of slinky.slurm.net."""

@@ -1,0 +1,1 @@
+"""The slurm-operator: Cluster and NodeSet controllers."""

@@ -1,0 +1,1 @@
+"""The Cluster controller: one Slurm connection per Cluster custom resource."""

@@ -1,0 +1,57 @@
+"""What the Cluster controller watches and how events become keys.
+
+- Clusters: their own key.
+- Secrets: every Cluster that references the Secret (token or JWT key), via an index.
+- Slurm: the cluster's informer going stale/fresh, or nodes appearing/disappearing
+  (status.nodes), enqueue that Cluster.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slinky.kube import events, rest
+from slinky.kube.controller import Controller
+from slinky.kube.informer import InformerFactory
+from slinky.kube.store import key_of
+from slinky.operator.clients import ClusterClients
+from slinky.operator.cluster.sync import ClusterSync, Options
+from slinky.operator.resources import CLUSTERS
+from slinky.slurm.informer import SlurmEvent
+
+JSON = dict[str, Any]
+BY_SECRET = "secret"
+
+
+def secrets_of_cluster(obj: JSON) -> list[str]:
+    """`namespace/name` of the Secrets a Cluster reads."""
+    ns = obj["metadata"].get("namespace", "")
+    spec = obj.get("spec") or {}
+    names = [(spec.get("token") or {}).get("secretRef"), (spec.get("jwtKeyRef") or {}).get("name")]
+    return [f"{ns}/{n}" for n in names if n]
+
+
+def build(
+    kube: rest.Kube,
+    factory: InformerFactory,
+    clients: ClusterClients,
+    recorder: events.EventRecorder,
+    *,
+    workers: int = 1,
+    opts: Options | None = None,
+) -> Controller:
+    clusters = factory.shared(CLUSTERS, indexers={BY_SECRET: secrets_of_cluster})
+    secrets = factory.shared(rest.SECRETS)
+    sync = ClusterSync(
+        kube, clusters=clusters, secrets=secrets, clients=clients, recorder=recorder, opts=opts
+    )
+    ctrl = Controller("cluster", sync, workers=workers)
+    ctrl.watch(clusters)
+    ctrl.watch(secrets, lambda s: [key_of(c) for c in clusters.by_index(BY_SECRET, key_of(s))])
+
+    def on_slurm(cluster_key: str, event: SlurmEvent) -> None:
+        if event.kind == "informer" or event.type in ("ADDED", "DELETED"):
+            ctrl.enqueue(cluster_key)
+
+    clients.subscribe(on_slurm)
+    return ctrl

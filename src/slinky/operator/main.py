@@ -1,0 +1,191 @@
+"""`slurm-operator`: run the Cluster (and NodeSet) controllers.
+
+Flags use kubebuilder's names where they exist. The operator installs nothing itself: CRDs
+come from `kubectl apply -f config/crd/`, RBAC from `config/rbac/`. SIGTERM stops the work
+queues, lets in-flight reconciles finish, releases the leader Lease and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+import uuid
+from pathlib import Path
+
+from slinky import __version__
+from slinky.api.v1alpha1.common import parse_duration
+from slinky.kube import events, logs, rest
+from slinky.kube.controller import Controller, run_all
+from slinky.kube.informer import InformerFactory
+from slinky.kube.leader import LeaderElector, LeadershipLost
+from slinky.kube.serving import ProbeServer
+from slinky.operator.clients import ClusterClients
+from slinky.operator.cluster import controller as cluster_controller
+from slinky.operator.cluster.sync import Options
+
+log = logging.getLogger("slurm-operator")
+
+SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="slurm-operator", description="Slurm on Kubernetes: operator")
+    p.add_argument(
+        "--kubeconfig",
+        default=os.environ.get("KUBECONFIG"),
+        help="kubeconfig file (default $KUBECONFIG, else in-cluster)",
+    )
+    p.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        help="namespace to watch (repeatable; default all)",
+    )
+    p.add_argument(
+        "--leader-elect",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="elect a leader on a Lease so only one replica acts (default true)",
+    )
+    p.add_argument(
+        "--leader-election-namespace",
+        default=None,
+        help="namespace of the Lease (default: the pod's namespace, else default)",
+    )
+    p.add_argument("--leader-election-id", default="slurm-operator.slinky.slurm.net")
+    p.add_argument("--leader-election-lease-duration", default="15s")
+    p.add_argument("--leader-election-renew-deadline", default="10s")
+    p.add_argument("--leader-election-retry-period", default="2s")
+    p.add_argument("--metrics-bind-address", default=":8080", help='"0" disables')
+    p.add_argument("--health-probe-bind-address", default=":8081", help='"0" disables')
+    p.add_argument("--cluster-workers", type=int, default=1)
+    p.add_argument("--nodeset-workers", type=int, default=4)
+    p.add_argument(
+        "--slurm-token-lifetime",
+        default="15m",
+        help="lifetime of tokens minted from spec.jwtKeyRef (renewed at 2/3)",
+    )
+    p.add_argument("--cluster-ping-interval", default="30s")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-format", default="text", choices=["text", "json"])
+    p.add_argument("--version", action="version", version=f"slurm-operator {__version__}")
+    return p.parse_args(argv)
+
+
+def lease_namespace(args: argparse.Namespace) -> str:
+    if args.leader_election_namespace:
+        return str(args.leader_election_namespace)
+    if SA_NAMESPACE_FILE.exists():
+        return SA_NAMESPACE_FILE.read_text().strip()
+    return "default"
+
+
+class Operator:
+    """The process: shared informers, controllers, probes, leader election."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.kube = rest.Kube.from_kubeconfig(args.kubeconfig)
+        self.identity = f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+        self.factory = InformerFactory(self.kube, namespaces=args.namespace or None)
+        self.clients = ClusterClients()
+        self.recorder = events.EventRecorder(
+            self.kube, controller="slinky.slurm.net/slurm-operator", instance=self.identity
+        )
+        self.server = ProbeServer()
+        self.controllers: list[Controller] = []
+        self.leading = False
+
+    def build(self) -> None:
+        opts = Options(
+            token_lifetime=parse_duration(self.args.slurm_token_lifetime),
+            ping_interval=parse_duration(self.args.cluster_ping_interval),
+        )
+        self.controllers.append(
+            cluster_controller.build(
+                self.kube,
+                self.factory,
+                self.clients,
+                self.recorder,
+                workers=self.args.cluster_workers,
+                opts=opts,
+            )
+        )
+        self.server.add_health_check("ping", lambda: True)
+        self.server.add_ready_check("informers", lambda: self.factory.has_synced)
+
+    async def lead(self, stop: asyncio.Event) -> None:
+        """Everything that only the leader does."""
+        self.leading = True
+        self.factory.start()
+        try:
+            await run_all(self.controllers, stop)
+        finally:
+            self.leading = False
+            await self.factory.stop()
+            await self.clients.close_all()
+            await self.recorder.flush()
+
+    async def run(self, stop: asyncio.Event) -> int:
+        self.build()
+        await self.server.start(
+            metrics_addr=self.args.metrics_bind_address,
+            probe_addr=self.args.health_probe_bind_address,
+        )
+        log.info(
+            "slurm-operator %s starting as %s (namespaces: %s)",
+            __version__,
+            self.identity,
+            ", ".join(self.args.namespace) or "all",
+        )
+        code = 0
+        try:
+            if self.args.leader_elect:
+                elector = LeaderElector(
+                    self.kube,
+                    name=self.args.leader_election_id,
+                    namespace=lease_namespace(self.args),
+                    identity=self.identity,
+                    lease_duration=parse_duration(self.args.leader_election_lease_duration),
+                    renew_deadline=parse_duration(self.args.leader_election_renew_deadline),
+                    retry_period=parse_duration(self.args.leader_election_retry_period),
+                )
+                await elector.run(self.lead, stop)
+            else:
+                await self.lead(stop)
+        except LeadershipLost:
+            log.error("lost leadership; exiting so a restart starts clean")
+            code = 1
+        finally:
+            await self.server.stop()
+            await self.kube.close()
+        log.info("slurm-operator stopped")
+        return code
+
+
+async def amain(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logs.setup(args.log_level, args.log_format)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        op = Operator(args)
+    except (OSError, ValueError) as e:
+        log.error("cannot start: %s", e)
+        return 2
+    return await op.run(stop)
+
+
+def main() -> None:
+    sys.exit(asyncio.run(amain()))
+
+
+if __name__ == "__main__":
+    main()

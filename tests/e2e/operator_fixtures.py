@@ -1,0 +1,198 @@
+"""Fixtures for operator tests: CRDs installed, and the operator running as a process with a
+ServiceAccount token bound to config/rbac (not as cluster admin)."""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+import yaml
+
+from slinky.kube import rest
+from slinky.testbed import procs
+from slinky.testbed.bed import Testbed
+from slinky.testing.waiting import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+OPERATOR_NS = "slinky-system"
+RBAC = rest.Resource(
+    "rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False
+)
+RBAC_RES = {
+    "ClusterRole": RBAC,
+    "ClusterRoleBinding": rest.Resource(
+        "rbac.authorization.k8s.io",
+        "v1",
+        "clusterrolebindings",
+        "ClusterRoleBinding",
+        namespaced=False,
+    ),
+    "Role": rest.Resource("rbac.authorization.k8s.io", "v1", "roles", "Role"),
+    "RoleBinding": rest.Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
+    "ServiceAccount": rest.Resource("", "v1", "serviceaccounts", "ServiceAccount"),
+    "CustomResourceDefinition": rest.CRDS,
+}
+
+
+async def apply_file(kube: rest.Kube, path: Path) -> None:
+    """Server-side apply every document of a YAML file (as cluster admin)."""
+    for doc in yaml.safe_load_all(path.read_text()):
+        if not doc:
+            continue
+        res = RBAC_RES[doc["kind"]]
+        await kube.apply(res, doc, field_manager="slinky-e2e")
+
+
+async def install_crds(kube: rest.Kube) -> None:
+    for path in sorted((REPO / "config" / "crd").glob("*.yaml")):
+        await apply_file(kube, path)
+    for name in ("clusters.slinky.slurm.net", "nodesets.slinky.slurm.net"):
+
+        async def established(n: str = name) -> bool:
+            crd = await kube.get(rest.CRDS, n)
+            conds = (crd.get("status") or {}).get("conditions") or []
+            return any(c["type"] == "Established" and c["status"] == "True" for c in conds)
+
+        await wait_for(established, timeout=30, what=f"CRD {name} established")
+
+
+@dataclass
+class OperatorProcess:
+    proc: subprocess.Popen[bytes]
+    metrics_url: str
+    probe_url: str
+    log_path: Path
+
+    def metrics(self) -> str:
+        return httpx2.get(f"{self.metrics_url}/metrics", timeout=5).text
+
+    def metric(self, prefix: str) -> float | None:
+        for line in self.metrics().splitlines():
+            if line.startswith(prefix):
+                return float(line.rsplit(" ", 1)[1])
+        return None
+
+    def log_tail(self, n: int = 60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def stop(self, timeout: float = 30) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        return self.proc.wait(timeout)
+
+
+async def operator_kubeconfig(kube: rest.Kube, testbed: Testbed, path: Path) -> Path:
+    """A kubeconfig holding a TokenRequest token of the operator's ServiceAccount."""
+    try:
+        await kube.create(rest.NAMESPACES, {"metadata": {"name": OPERATOR_NS}})
+    except rest.ApiError as e:
+        if not e.conflict:
+            raise
+    for f in ("role.yaml", "leader_election_role.yaml", "service_account.yaml"):
+        await apply_file(kube, REPO / "config" / "rbac" / f)
+    sa = RBAC_RES["ServiceAccount"]
+    tr = await kube.request(
+        "POST",
+        sa.path(OPERATOR_NS, "slurm-operator", "token"),
+        body={
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 24 * 3600},
+        },
+    )
+    admin = yaml.safe_load(testbed.kubeconfig.read_text())
+    admin["users"] = [{"name": "slurm-operator", "user": {"token": tr["status"]["token"]}}]
+    admin["contexts"][0]["context"]["user"] = "slurm-operator"
+    path.write_text(yaml.safe_dump(admin))
+    return path
+
+
+def start_operator(kubeconfig: Path, log_path: Path, *extra: str) -> OperatorProcess:
+    mport, pport = procs.free_ports(2)
+    argv = [
+        sys.executable,
+        "-m",
+        "slinky.operator.main",
+        f"--kubeconfig={kubeconfig}",
+        f"--metrics-bind-address=127.0.0.1:{mport}",
+        f"--health-probe-bind-address=127.0.0.1:{pport}",
+        f"--leader-election-namespace={OPERATOR_NS}",
+        "--leader-election-lease-duration=4s",
+        "--leader-election-renew-deadline=3s",
+        "--leader-election-retry-period=1s",
+        "--cluster-ping-interval=5s",
+        "--log-level=debug",
+        *extra,
+    ]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    logf = open(log_path, "ab")  # noqa: SIM115 - owned by the child
+    proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env=env)
+    logf.close()
+    return OperatorProcess(proc, f"http://127.0.0.1:{mport}", f"http://127.0.0.1:{pport}", log_path)
+
+
+async def wait_ready(op: OperatorProcess) -> None:
+    async def ready() -> bool:
+        if op.proc.poll() is not None:
+            raise AssertionError(f"operator exited {op.proc.returncode}:\n{op.log_tail()}")
+        async with httpx2.AsyncClient(timeout=2) as http:
+            return (await http.get(f"{op.probe_url}/readyz")).status_code == 200
+
+    await wait_for(ready, timeout=60, what="operator /readyz", ignore=(httpx2.HTTPError,))
+
+
+@pytest.fixture(scope="session")
+async def crds(kube: rest.Kube) -> None:
+    await install_crds(kube)
+
+
+@pytest.fixture(scope="session")
+async def operator(
+    kube: rest.Kube, testbed: Testbed, crds: None, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[OperatorProcess]:
+    """The operator under test, started once per session with its RBAC-limited token."""
+    work = tmp_path_factory.mktemp("operator")
+    kubeconfig = await operator_kubeconfig(kube, testbed, work / "kubeconfig")
+    op = start_operator(kubeconfig, work / "operator.log", "--slurm-token-lifetime=6s")
+    await wait_ready(op)
+    yield op
+    code = op.stop()
+    assert code == 0, f"operator did not exit cleanly on SIGTERM ({code}):\n{op.log_tail()}"
+    denied = [
+        line
+        for line in op.log_path.read_text().splitlines()
+        if 'User "system:serviceaccount:' in line and "cannot" in line
+    ]
+    assert not denied, "operator hit RBAC denials:\n" + "\n".join(denied[:10])
+
+
+def secret(name: str, **data: str | bytes) -> dict[str, Any]:
+    enc = {
+        k: base64.b64encode(v if isinstance(v, bytes) else v.encode()).decode()
+        for k, v in data.items()
+    }
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "data": enc}
+
+
+def cluster(name: str, server: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "slinky.slurm.net/v1alpha1",
+        "kind": "Cluster",
+        "metadata": {"name": name},
+        "spec": {"server": server, **spec},
+    }
+
+
+def condition(obj: dict[str, Any], type_: str = "Ready") -> dict[str, Any]:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c["type"] == type_:
+            return dict(c)
+    return {}
