@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -67,7 +67,7 @@ async def slurm(testbed: Testbed) -> AsyncIterator[SlurmRest]:
 @pytest.fixture
 async def namespace(kube: rest.Kube, request: pytest.FixtureRequest) -> AsyncIterator[str]:
     """A fresh namespace for one test, deleted afterwards."""
-    digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:6]
+    digest = uuid.uuid4().hex[:6]  # unique even when a previous run's namespace still terminates
     name = f"t-{request.node.name[:40].lower().replace('_', '-').strip('-')}-{digest}"
     name = "".join(ch for ch in name if ch.isalnum() or ch == "-")
     await kube.create(

@@ -71,6 +71,19 @@ class OperatorProcess:
     metrics_url: str
     probe_url: str
     log_path: Path
+    argv: list[str]
+    env: dict[str, str]
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no Lease release."""
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    async def restart(self) -> None:
+        logf = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
+        self.proc = subprocess.Popen(self.argv, stdout=logf, stderr=subprocess.STDOUT, env=self.env)
+        logf.close()
+        await wait_ready(self)
 
     def metrics(self) -> str:
         return httpx2.get(f"{self.metrics_url}/metrics", timeout=5).text
@@ -136,7 +149,9 @@ def start_operator(kubeconfig: Path, log_path: Path, *extra: str) -> OperatorPro
     logf = open(log_path, "ab")  # noqa: SIM115 - owned by the child
     proc = subprocess.Popen(argv, stdout=logf, stderr=subprocess.STDOUT, env=env)
     logf.close()
-    return OperatorProcess(proc, f"http://127.0.0.1:{mport}", f"http://127.0.0.1:{pport}", log_path)
+    return OperatorProcess(
+        proc, f"http://127.0.0.1:{mport}", f"http://127.0.0.1:{pport}", log_path, argv, env
+    )
 
 
 async def wait_ready(op: OperatorProcess) -> None:

@@ -27,6 +27,7 @@ from slinky.kube.serving import ProbeServer
 from slinky.operator.clients import ClusterClients
 from slinky.operator.cluster import controller as cluster_controller
 from slinky.operator.cluster.sync import Options
+from slinky.operator.nodeset import controller as nodeset_controller
 
 log = logging.getLogger("slurm-operator")
 
@@ -114,6 +115,15 @@ class Operator:
                 self.recorder,
                 workers=self.args.cluster_workers,
                 opts=opts,
+            )
+        )
+        self.controllers.append(
+            nodeset_controller.build(
+                self.kube,
+                self.factory,
+                self.clients,
+                self.recorder,
+                workers=self.args.nodeset_workers,
             )
         )
         self.server.add_health_check("ping", lambda: True)

@@ -490,8 +490,15 @@ class PodWorker:
             if prev and prev.get("status") == c["status"]:
                 c["lastTransitionTime"] = prev.get("lastTransitionTime", ts)
         try:
+            # Strategic merge: conditions merge by type, so conditions other controllers
+            # set on the pod (as the operator's SlurmNodeState*) survive, as with a kubelet.
             self.pod = await self.kubelet.kube.patch(
-                rest.PODS, self.name, {"status": status}, self.namespace, subresource="status"
+                rest.PODS,
+                self.name,
+                {"status": status},
+                self.namespace,
+                subresource="status",
+                kind="strategic",
             )
         except rest.ApiError as e:
             if e.not_found:

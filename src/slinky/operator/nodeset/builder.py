@@ -1,0 +1,302 @@
+"""Pure builders: NodeSet spec in, Kubernetes objects out. No I/O, tested by value.
+
+A NodeSet pod is `<nodeset>-<ordinal>`; its hostname is its name (so slurmd registers under
+that name) and its subdomain the NodeSet's headless Service (stable DNS for MPI). The
+container named `slurmd` becomes a dynamic Slurm node: `slurmd -D -Z --conf-server <ctld>
+--conf "Features=<nodeset> ..."`, keeping any of those flags the user already set, with a
+preStop hook that marks the node DOWN and deletes its record before the pod goes away.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import re
+import shlex
+from typing import Any
+
+from slinky.api.v1alpha1 import API_VERSION
+from slinky.api.v1alpha1.nodeset import LabelSelector, NodeSetSpec
+
+JSON = dict[str, Any]
+
+SLURMD_CONTAINER = "slurmd"
+LABEL_NAME = "app.kubernetes.io/name"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+LABEL_COMPONENT = "app.kubernetes.io/component"
+LABEL_REVISION = "controller-revision-hash"
+LABEL_NODESET = "nodeset.slinky.slurm.net/name"
+LABEL_PROTECT = "nodeset.slinky.slurm.net/pod-protect"
+ANNOTATION_CORDON = "nodeset.slinky.slurm.net/pod-cordon"
+ANNOTATION_DELETION_COST = "nodeset.slinky.slurm.net/pod-deletion-cost"
+ANNOTATION_DEADLINE = "nodeset.slinky.slurm.net/pod-deadline"
+ANNOTATION_NODE_CORDON_REASON = "nodeset.slinky.slurm.net/node-cordon-reason"
+ANNOTATION_CONDEMNED = "nodeset.slinky.slurm.net/condemned"
+MANAGER = "slurm-operator"
+REASON_PREFIX = "slurm-operator: "
+PRESTOP_REASON = f"{REASON_PREFIX}pod terminating"
+
+
+def pod_name(nodeset: str, ordinal: int) -> str:
+    return f"{nodeset}-{ordinal}"
+
+
+def ordinal_of(nodeset: str, name: str) -> int | None:
+    """The ordinal of a pod of `nodeset`, or None if the name is not `<nodeset>-<n>`."""
+    m = re.fullmatch(re.escape(nodeset) + r"-(0|[1-9][0-9]*)", name)
+    return int(m.group(1)) if m else None
+
+
+def service_name(nodeset_obj: JSON, spec: NodeSetSpec) -> str:
+    return spec.service_name or str(nodeset_obj["metadata"]["name"])
+
+
+def selector_string(selector: LabelSelector) -> str:
+    """The selector in kubectl/HPA string form."""
+    parts = [f"{k}={v}" for k, v in sorted((selector.match_labels or {}).items())]
+    for req in selector.match_expressions or []:
+        values = ",".join(req.values or [])
+        if req.operator == "In":
+            parts.append(f"{req.key} in ({values})")
+        elif req.operator == "NotIn":
+            parts.append(f"{req.key} notin ({values})")
+        elif req.operator == "Exists":
+            parts.append(req.key)
+        else:
+            parts.append(f"!{req.key}")
+    return ",".join(parts)
+
+
+def selector_matches(selector: LabelSelector, labels: dict[str, str]) -> bool:
+    for k, v in (selector.match_labels or {}).items():
+        if labels.get(k) != v:
+            return False
+    for req in selector.match_expressions or []:
+        present = req.key in labels
+        value = labels.get(req.key)
+        ok = {
+            "In": present and value in (req.values or []),
+            "NotIn": not present or value not in (req.values or []),
+            "Exists": present,
+            "DoesNotExist": not present,
+        }[req.operator]
+        if not ok:
+            return False
+    return True
+
+
+def revision_hash(template: JSON) -> str:
+    """A short stable hash of the pod template (the ControllerRevision's identity)."""
+    data = json.dumps(template, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(data).hexdigest()[:10]
+
+
+def owner_ref(nodeset_obj: JSON) -> JSON:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "NodeSet",
+        "name": nodeset_obj["metadata"]["name"],
+        "uid": nodeset_obj["metadata"]["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _has_flag(args: list[str], *flags: str) -> bool:
+    return any(a in flags or any(a.startswith(f + "=") for f in flags) for a in args)
+
+
+def slurmd_args(args: list[str], *, nodeset: str, conf_server: str | None) -> list[str]:
+    """slurmd's arguments with the operator's flags added unless the user set them."""
+    out = list(args)
+    if not _has_flag(out, "-D"):
+        out.append("-D")
+    if not _has_flag(out, "-Z"):
+        out.append("-Z")
+    if conf_server and not _has_flag(out, "--conf-server"):
+        out += ["--conf-server", conf_server]
+    for i, a in enumerate(out):
+        if a == "--conf" and i + 1 < len(out):
+            if "Features=" not in out[i + 1]:
+                out[i + 1] = f"Features={nodeset} {out[i + 1]}".strip()
+            break
+        if a.startswith("--conf="):
+            if "Features=" not in a:
+                out[i] = f"--conf=Features={nodeset} {a.removeprefix('--conf=')}".strip()
+            break
+    else:
+        out += ["--conf", f"Features={nodeset}"]
+    return out
+
+
+def pre_stop() -> JSON:
+    """DOWN (with the operator's reason) then delete the Slurm node record."""
+    reason = shlex.quote(f"reason={PRESTOP_REASON}")
+    script = (
+        f'scontrol update nodename="$HOSTNAME" state=DOWN {reason} || true; '
+        'scontrol delete nodename="$HOSTNAME" || true'
+    )
+    return {"exec": {"command": ["/bin/sh", "-c", script]}}
+
+
+def build_pod(
+    nodeset_obj: JSON,
+    spec: NodeSetSpec,
+    ordinal: int,
+    *,
+    revision: str,
+    conf_server: str | None,
+) -> JSON:
+    """The pod for one ordinal of a NodeSet at `revision`."""
+    name = str(nodeset_obj["metadata"]["name"])
+    namespace = str(nodeset_obj["metadata"]["namespace"])
+    template = copy.deepcopy(spec.template)
+    tmeta = template.get("metadata") or {}
+    pspec = template.get("spec") or {}
+    pname = pod_name(name, ordinal)
+    labels = {
+        **(tmeta.get("labels") or {}),
+        LABEL_NAME: "slurmd",
+        LABEL_INSTANCE: name,
+        LABEL_MANAGED_BY: MANAGER,
+        LABEL_COMPONENT: "compute",
+        LABEL_NODESET: name,
+        LABEL_REVISION: revision,
+    }
+    # The template's own values win for labels the selector relies on.
+    labels.update(
+        {k: v for k, v in (tmeta.get("labels") or {}).items() if k in (LABEL_NAME, LABEL_INSTANCE)}
+    )
+    annotations = dict(tmeta.get("annotations") or {})
+
+    pspec["hostname"] = pname
+    pspec["subdomain"] = service_name(nodeset_obj, spec)
+    containers = pspec.get("containers") or []
+    for c in containers:
+        if c.get("name") != SLURMD_CONTAINER:
+            continue
+        if not c.get("command"):
+            c["command"] = ["slurmd"]
+        c["args"] = slurmd_args(list(c.get("args") or []), nodeset=name, conf_server=conf_server)
+        lifecycle = c.setdefault("lifecycle", {})
+        lifecycle.setdefault("preStop", pre_stop())
+    pspec["containers"] = containers
+
+    volumes = list(pspec.get("volumes") or [])
+    have = {v.get("name") for v in volumes}
+    for claim in spec.volume_claim_templates or []:
+        cname = claim.get("metadata", {}).get("name")
+        if cname and cname not in have:
+            volumes.append(
+                {"name": cname, "persistentVolumeClaim": {"claimName": f"{cname}-{pname}"}}
+            )
+    if volumes:
+        pspec["volumes"] = volumes
+
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pname,
+            "namespace": namespace,
+            "labels": labels,
+            "annotations": annotations,
+            "ownerReferences": [owner_ref(nodeset_obj)],
+        },
+        "spec": pspec,
+    }
+
+
+def build_pvcs(nodeset_obj: JSON, spec: NodeSetSpec, ordinal: int) -> list[JSON]:
+    """PVCs for one ordinal; owned by the NodeSet only when whenDeleted is Delete."""
+    name = str(nodeset_obj["metadata"]["name"])
+    out = []
+    for claim in spec.volume_claim_templates or []:
+        c = copy.deepcopy(claim)
+        cname = c.get("metadata", {}).get("name")
+        if not cname:
+            continue
+        meta = c.setdefault("metadata", {})
+        meta["name"] = f"{cname}-{pod_name(name, ordinal)}"
+        meta["namespace"] = nodeset_obj["metadata"]["namespace"]
+        meta.setdefault("labels", {}).update({LABEL_INSTANCE: name, LABEL_NODESET: name})
+        if spec.persistent_volume_claim_retention_policy.when_deleted == "Delete":
+            meta["ownerReferences"] = [owner_ref(nodeset_obj)]
+        c["apiVersion"], c["kind"] = "v1", "PersistentVolumeClaim"
+        out.append(c)
+    return out
+
+
+def build_service(nodeset_obj: JSON, spec: NodeSetSpec) -> JSON:
+    """The headless Service giving every pod `<pod>.<service>` DNS."""
+    name = str(nodeset_obj["metadata"]["name"])
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": service_name(nodeset_obj, spec),
+            "namespace": nodeset_obj["metadata"]["namespace"],
+            "labels": {LABEL_INSTANCE: name, LABEL_MANAGED_BY: MANAGER},
+            "ownerReferences": [owner_ref(nodeset_obj)],
+        },
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {LABEL_NODESET: name},
+            "ports": [{"name": "slurmd", "port": 6818, "targetPort": 6818}],
+        },
+    }
+
+
+def build_pdb(nodeset_obj: JSON) -> JSON:
+    """No voluntary disruption of pods whose Slurm node runs jobs."""
+    name = str(nodeset_obj["metadata"]["name"])
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": f"{name}-protect",
+            "namespace": nodeset_obj["metadata"]["namespace"],
+            "labels": {LABEL_INSTANCE: name, LABEL_MANAGED_BY: MANAGER},
+            "ownerReferences": [owner_ref(nodeset_obj)],
+        },
+        "spec": {
+            "maxUnavailable": 0,
+            "selector": {"matchLabels": {LABEL_NODESET: name, LABEL_PROTECT: "true"}},
+        },
+    }
+
+
+def build_revision(nodeset_obj: JSON, spec: NodeSetSpec, revision: str, number: int) -> JSON:
+    name = str(nodeset_obj["metadata"]["name"])
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "ControllerRevision",
+        "metadata": {
+            "name": f"{name}-{revision}",
+            "namespace": nodeset_obj["metadata"]["namespace"],
+            "labels": {LABEL_NODESET: name, LABEL_REVISION: revision},
+            "ownerReferences": [owner_ref(nodeset_obj)],
+        },
+        "data": {"spec": {"template": spec.template}},
+        "revision": number,
+    }
+
+
+def slurm_comment(pod: JSON) -> str:
+    """The Slurm node comment: the pod's identity as JSON, so Slurm users can find it."""
+    meta = pod["metadata"]
+    owner = next(
+        (o["name"] for o in meta.get("ownerReferences") or [] if o.get("kind") == "NodeSet"), ""
+    )
+    return json.dumps(
+        {
+            "namespace": meta.get("namespace"),
+            "podName": meta["name"],
+            "nodeSet": owner,
+            "node": (pod.get("spec") or {}).get("nodeName", ""),
+        },
+        separators=(",", ":"),
+    )

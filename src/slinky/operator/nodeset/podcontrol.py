@@ -1,0 +1,104 @@
+"""Kubernetes-side effects of the NodeSet controller.
+
+Creates and deletes go through expectations so that a reconcile working from a cache that
+has not yet seen its own writes does not repeat them. Deletes carry the pod's UID as a
+precondition: a pod re-created under the same name is never deleted by mistake.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from slinky.kube import rest
+from slinky.kube.expectations import Expectations
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+PDBS = rest.PDBS
+
+
+class PodControl:
+    def __init__(self, kube: rest.Kube, expectations: Expectations) -> None:
+        self.kube = kube
+        self.expectations = expectations
+
+    async def create_pod(self, exp_key: str, pod: JSON) -> bool:
+        """Create; False if it already exists (the cache will catch up)."""
+        self.expectations.expect_creations(exp_key, 1)
+        try:
+            await self.kube.create(rest.PODS, pod, pod["metadata"]["namespace"])
+        except rest.ApiError as e:
+            self.expectations.creation_failed(exp_key)
+            if e.conflict:
+                return False
+            raise
+        except BaseException:
+            self.expectations.creation_failed(exp_key)
+            raise
+        return True
+
+    async def delete_pod(self, exp_key: str, pod: JSON) -> bool:
+        meta = pod["metadata"]
+        self.expectations.expect_deletions(exp_key, [meta["uid"]])
+        try:
+            await self.kube.delete(rest.PODS, meta["name"], meta["namespace"], uid=meta["uid"])
+        except rest.ApiError as e:
+            self.expectations.deletion_observed(exp_key, meta["uid"])
+            if e.not_found or e.conflict:
+                return False
+            raise
+        return True
+
+    async def patch_metadata(
+        self, pod: JSON, *, labels: JSON | None = None, annotations: JSON | None = None
+    ) -> None:
+        """Merge-patch labels/annotations; a None value removes the key."""
+        meta: JSON = {}
+        if labels:
+            meta["labels"] = labels
+        if annotations:
+            meta["annotations"] = annotations
+        if not meta:
+            return
+        m = pod["metadata"]
+        try:
+            await self.kube.patch(rest.PODS, m["name"], {"metadata": meta}, m["namespace"])
+        except rest.ApiError as e:
+            if not e.not_found:
+                raise
+
+    async def patch_conditions(self, pod: JSON, conditions: list[JSON]) -> None:
+        """Strategic-merge the given pod conditions (merged by type, others untouched)."""
+        m = pod["metadata"]
+        try:
+            await self.kube.patch(
+                rest.PODS,
+                m["name"],
+                {"status": {"conditions": conditions}},
+                m["namespace"],
+                subresource="status",
+                kind="strategic",
+            )
+        except rest.ApiError as e:
+            if not e.not_found:
+                raise
+
+    async def create_if_absent(self, res: rest.Resource, obj: JSON) -> bool:
+        """Create; True if created now, False if it already existed."""
+        try:
+            await self.kube.create(res, obj, obj["metadata"].get("namespace"))
+        except rest.ApiError as e:
+            if e.conflict:
+                return False
+            raise
+        return True
+
+    async def delete_object(self, res: rest.Resource, obj: JSON) -> None:
+        m = obj["metadata"]
+        try:
+            await self.kube.delete(res, m["name"], m.get("namespace"), uid=m.get("uid"))
+        except rest.ApiError as e:
+            if not (e.not_found or e.conflict):
+                raise

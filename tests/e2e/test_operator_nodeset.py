@@ -1,0 +1,520 @@
+"""The NodeSet controller end to end: the operator process, the real apiserver and
+controller manager, real slurmctld/slurmrestd, and real slurmd processes run by the process
+kubelet. Jobs are real Slurm batch jobs; nothing is faked."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from slinky.kube import rest
+from slinky.operator.nodeset.builder import ANNOTATION_CORDON, ANNOTATION_NODE_CORDON_REASON
+from slinky.operator.resources import CLUSTERS, NODESETS
+from slinky.slurm import errors
+from slinky.slurm.client import SlurmClient
+from slinky.slurm.tokens import MintedToken
+from slinky.testbed import paths
+from slinky.testbed.bed import Testbed
+from slinky.testing.waiting import wait_for
+from tests.e2e.operator_fixtures import OperatorProcess, cluster, condition, secret
+
+pytestmark = pytest.mark.e2e
+
+JSON = dict[str, Any]
+
+
+@dataclass
+class Env:
+    kube: rest.Kube
+    slurm: SlurmClient
+    testbed: Testbed
+    namespace: str
+    operator: OperatorProcess
+
+    async def pods(self, nodeset: str) -> list[JSON]:
+        items = (
+            await self.kube.list(
+                rest.PODS,
+                self.namespace,
+                params={"labelSelector": f"nodeset.slinky.slurm.net/name={nodeset}"},
+            )
+        )["items"]
+        return sorted(items, key=lambda p: p["metadata"]["name"])
+
+    async def live_pod_names(self, nodeset: str) -> list[str]:
+        return [
+            p["metadata"]["name"]
+            for p in await self.pods(nodeset)
+            if not p["metadata"].get("deletionTimestamp")
+        ]
+
+    async def nodeset(self, name: str) -> JSON:
+        return await self.kube.get(NODESETS, name, self.namespace)
+
+    async def scale(self, name: str, replicas: int) -> None:
+        """Through the scale subresource, as `kubectl scale` and HPA do."""
+        await self.kube.patch(
+            NODESETS, name, {"spec": {"replicas": replicas}}, self.namespace, subresource="scale"
+        )
+
+    async def slurm_node(self, name: str) -> Any:
+        try:
+            return await self.slurm.get_node(name)
+        except errors.SlurmNotFound:
+            return None
+
+    async def submit(self, feature: str, seconds: int, *, name: str = "e2e") -> int:
+        return await self.slurm.submit_job(
+            {
+                "name": name,
+                "constraints": feature,
+                "minimum_nodes": 1,
+                "maximum_nodes": 1,
+                "tasks": 1,
+                "current_working_directory": "/tmp",
+                "environment": ["PATH=/usr/bin:/bin"],
+                "time_limit": {"set": True, "number": 10},
+            },
+            script=f"#!/bin/sh\nsleep {seconds}\n",
+        )
+
+    async def running_on(self, job_id: int, timeout: float = 30) -> str:
+        async def running() -> str | None:
+            job = await self.slurm.get_job(job_id)
+            return job.nodes if job.is_running and job.nodes else None
+
+        return await wait_for(running, timeout=timeout, what=f"job {job_id} running")
+
+    async def job_state(self, job_id: int) -> list[str]:
+        return (await self.slurm.get_job(job_id)).state
+
+
+@pytest.fixture
+async def env(
+    kube: rest.Kube, testbed: Testbed, operator: OperatorProcess, namespace: str
+) -> AsyncIterator[Env]:
+    """A Ready Cluster in the test namespace (tokens minted from the JWT key)."""
+    await kube.create(
+        rest.SECRETS,
+        secret("slurm-jwt", **{"jwt_hs256.key": testbed.jwt_key_path.read_bytes()}),
+        namespace,
+    )
+    host, port = testbed.slurmctld_addr.split(":")
+    await kube.create(
+        CLUSTERS,
+        cluster(
+            "slurm",
+            testbed.slurm_rest_url,
+            username="root",
+            jwtKeyRef={"name": "slurm-jwt"},
+            controller={"host": host, "port": int(port)},
+        ),
+        namespace,
+    )
+
+    async def connected() -> bool:
+        return condition(await kube.get(CLUSTERS, "slurm", namespace)).get("reason") == "Connected"
+
+    await wait_for(connected, timeout=30, what="Cluster connected")
+    slurm = SlurmClient(
+        testbed.slurm_rest_url, MintedToken.from_file(testbed.jwt_key_path, user="root")
+    )
+    e = Env(kube, slurm, testbed, namespace, operator)
+    try:
+        yield e
+    finally:
+        # Scale everything to zero first so that pods leave Slurm cleanly.
+        for ns_obj in (await kube.list(NODESETS, namespace))["items"]:
+            with contextlib.suppress(rest.ApiError):
+                await kube.delete(NODESETS, ns_obj["metadata"]["name"], namespace)
+        for job in (await slurm.list_jobs())[0] or []:
+            if not job.is_finished and job.name.startswith("e2e"):
+                await slurm.cancel_job(job.job_id)
+        await slurm.close()
+
+
+def nodeset_manifest(name: str, replicas: int, **spec: Any) -> JSON:
+    return {
+        "apiVersion": "slinky.slurm.net/v1alpha1",
+        "kind": "NodeSet",
+        "metadata": {"name": name},
+        "spec": {
+            "clusterName": "slurm",
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app.kubernetes.io/instance": name}},
+            "template": {
+                "metadata": {"labels": {"app.kubernetes.io/instance": name}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 10,
+                    "containers": [
+                        {
+                            "name": "slurmd",
+                            "image": "slurmd",
+                            "args": ["--conf", "CPUs=2 RealMemory=1000"],
+                        }
+                    ],
+                },
+            },
+            **spec,
+        },
+    }
+
+
+async def wait_idle_nodes(e: Env, name: str, count: int, timeout: float = 60) -> list[str]:
+    async def idle() -> list[str] | None:
+        names = await e.live_pod_names(name)
+        if len(names) != count:
+            return None
+        for n in names:
+            node = await e.slurm_node(n)
+            if node is None or not node.state.is_idle or node.state.is_drain:
+                return None
+        return names
+
+    return await wait_for(idle, timeout=timeout, interval=0.2, what=f"{count} IDLE Slurm nodes")
+
+
+async def gone(check: Callable[[], Awaitable[Any]]) -> bool:
+    return (await check()) is None
+
+
+async def test_scale_out_from_zero_registers_idle_nodes_with_the_nodeset_feature(env: Env) -> None:
+    await env.kube.create(NODESETS, nodeset_manifest("grow", 0), env.namespace)
+    subprocess.run(
+        [
+            str(paths.bin_dir() / "kubectl"),
+            f"--kubeconfig={env.testbed.kubeconfig}",
+            "scale",
+            "nodeset/grow",
+            "-n",
+            env.namespace,
+            "--replicas=3",
+        ],
+        check=True,
+        capture_output=True,
+    )
+    names = await wait_idle_nodes(env, "grow", 3)
+    assert names == ["grow-0", "grow-1", "grow-2"]
+    for n in names:
+        assert "grow" in (await env.slurm.get_node(n)).features
+
+    async def comments() -> bool:
+        for n in names:
+            raw = (await env.slurm.get_node(n)).comment
+            ident = json.loads(raw) if raw else {}
+            if (ident.get("podName"), ident.get("nodeSet"), ident.get("namespace")) != (
+                n,
+                "grow",
+                env.namespace,
+            ):
+                return False
+        return True
+
+    await wait_for(comments, timeout=10, what="Slurm node comments hold the pod identity")
+
+    async def counted() -> JSON | None:
+        st = (await env.nodeset("grow")).get("status") or {}
+        ok = (
+            st.get("replicas"),
+            st.get("readyReplicas"),
+            st.get("slurmIdle"),
+            st.get("updatedReplicas"),
+        ) == (3, 3, 3, 3)
+        return st if ok else None
+
+    st = await wait_for(counted, timeout=20, what="status counts")
+    assert st["selector"] == "app.kubernetes.io/instance=grow"
+    assert st["observedGeneration"] == (await env.nodeset("grow"))["metadata"]["generation"]
+    pod = (await env.pods("grow"))[0]
+    pod_conds = {c["type"]: c["status"] for c in pod["status"]["conditions"]}
+    assert pod_conds.get("SlurmNodeStateIdle") == "True"
+    assert pod["spec"]["hostname"] == "grow-0" and pod["spec"]["subdomain"] == "grow"
+    await env.kube.get(rest.SERVICES, "grow", env.namespace)
+    pdb = await env.kube.get(rest.PDBS, "grow-protect", env.namespace)
+    assert pdb["spec"]["maxUnavailable"] == 0
+    evs = (await env.kube.list(rest.EVENTS, env.namespace))["items"]
+    assert sum(1 for ev in evs if ev["reason"] == "Created") == 3
+
+
+async def test_scale_in_drains_idle_first_and_waits_for_the_running_job(env: Env) -> None:
+    await env.kube.create(NODESETS, nodeset_manifest("shrink", 3), env.namespace)
+    await wait_idle_nodes(env, "shrink", 3)
+    job = await env.submit("shrink", 12)
+    busy = await env.running_on(job)
+
+    async def protected() -> bool:
+        pods = {p["metadata"]["name"]: p for p in await env.pods("shrink")}
+        return (pods[busy]["metadata"].get("labels") or {}).get(
+            "nodeset.slinky.slurm.net/pod-protect"
+        ) == "true"
+
+    await wait_for(protected, timeout=10, what="busy pod labelled pod-protect")
+
+    await env.scale("shrink", 1)
+
+    async def only_busy_left() -> bool:
+        return await env.live_pod_names("shrink") == [busy]
+
+    await wait_for(only_busy_left, timeout=30, what="the two idle pods removed first")
+    assert (await env.job_state(job)) == ["RUNNING"]
+
+    await env.scale("shrink", 0)
+
+    async def draining() -> bool:
+        node = await env.slurm_node(busy)
+        return bool(node and node.state.is_drain and node.reason == "slurm-operator: scale-in")
+
+    await wait_for(draining, timeout=10, what="busy node DRAIN with the operator's reason")
+    assert await env.live_pod_names("shrink") == [busy], "pod stays while its job runs"
+
+    async def completed() -> bool:
+        return "COMPLETED" in await env.job_state(job)
+
+    await wait_for(completed, timeout=30, what="job completed normally")
+    t_done = time.monotonic()
+    await wait_for(
+        lambda: gone(lambda: env.slurm_node(busy)), timeout=20, what="Slurm node record gone"
+    )
+    await wait_for(lambda: _empty(env, "shrink"), timeout=20, what="pod deleted")
+    latency = time.monotonic() - t_done
+    assert latency < 10, f"drained-to-deleted took {latency:.1f}s"
+    assert (await env.job_state(job)) == ["COMPLETED"]
+
+
+async def _empty(env: Env, name: str) -> bool:
+    return not await env.pods(name)
+
+
+async def test_scaling_back_up_keeps_and_undrains_a_condemned_pod(env: Env) -> None:
+    await env.kube.create(NODESETS, nodeset_manifest("keep", 1), env.namespace)
+    (name,) = await wait_idle_nodes(env, "keep", 1)
+    uid = (await env.pods("keep"))[0]["metadata"]["uid"]
+    job = await env.submit("keep", 60)
+    await env.running_on(job)
+    await env.scale("keep", 0)
+
+    async def drained() -> bool:
+        node = await env.slurm_node(name)
+        return bool(node and node.state.is_drain)
+
+    await wait_for(drained, timeout=10, what="condemned node drained")
+    await env.scale("keep", 1)
+
+    async def undrained() -> bool:
+        node = await env.slurm_node(name)
+        return bool(node and not node.state.is_drain)
+
+    await wait_for(undrained, timeout=10, what="node undrained")
+    pods = await env.pods("keep")
+    assert [p["metadata"]["uid"] for p in pods] == [uid], "the same pod is kept"
+    assert "nodeset.slinky.slurm.net/condemned" not in (
+        pods[0]["metadata"].get("annotations") or {}
+    )
+    assert (await env.job_state(job)) == ["RUNNING"]
+    await env.slurm.cancel_job(job)
+
+
+async def test_rolling_update_one_at_a_time_without_killing_jobs(env: Env) -> None:
+    await env.kube.create(
+        NODESETS,
+        nodeset_manifest(
+            "roll",
+            3,
+            updateStrategy={"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+        ),
+        env.namespace,
+    )
+    await wait_idle_nodes(env, "roll", 3)
+    old_rev = (await env.nodeset("roll"))["status"]["updateRevision"]
+    jobs = [await env.submit("roll", 8, name=f"e2e-roll-{i}") for i in range(2)]
+    for j in jobs:
+        await env.running_on(j)
+    await env.kube.patch(
+        NODESETS,
+        "roll",
+        {"spec": {"template": {"metadata": {"annotations": {"e2e/version": "2"}}}}},
+        env.namespace,
+    )
+
+    worst = 0
+
+    async def converged() -> bool:
+        nonlocal worst
+        pods = await env.pods("roll")
+        live = {
+            p["metadata"]["name"]: p for p in pods if not p["metadata"].get("deletionTimestamp")
+        }
+        unavailable = 3 - len(live)
+        for p in live.values():
+            ready = any(
+                c["type"] == "Ready" and c["status"] == "True"
+                for c in (p.get("status") or {}).get("conditions") or []
+            )
+            draining = "nodeset.slinky.slurm.net/condemned" in (
+                p["metadata"].get("annotations") or {}
+            )
+            unavailable += (not ready) or draining
+        worst = max(worst, unavailable)
+        st = (await env.nodeset("roll")).get("status") or {}
+        return (
+            st.get("updatedReplicas") == 3
+            and st.get("readyReplicas") == 3
+            and st.get("currentRevision") == st.get("updateRevision") != old_rev
+        )
+
+    await wait_for(converged, timeout=150, interval=0.2, what="every pod on the new revision")
+    assert worst <= 1, f"{worst} pods unavailable at once"
+    for j in jobs:
+        assert (await env.job_state(j)) == ["COMPLETED"], f"job {j} was not killed"
+    await wait_idle_nodes(env, "roll", 3)
+
+
+async def test_cordons_drain_and_uncordon_undrains_but_admin_drain_survives(env: Env) -> None:
+    await env.kube.create(NODESETS, nodeset_manifest("cord", 3), env.namespace)
+    a, b, c = await wait_idle_nodes(env, "cord", 3)
+
+    async def node_state(name: str, drained: bool, reason: str | None = None) -> bool:
+        node = await env.slurm_node(name)
+        if node is None or node.state.is_drain != drained:
+            return False
+        return reason is None or node.reason == reason
+
+    await env.kube.patch(
+        rest.PODS, a, {"metadata": {"annotations": {ANNOTATION_CORDON: "true"}}}, env.namespace
+    )
+    await wait_for(
+        lambda: node_state(a, True, "slurm-operator: pod cordoned"),
+        timeout=10,
+        what="pod-cordon drains",
+    )
+    await env.kube.patch(
+        rest.PODS, a, {"metadata": {"annotations": {ANNOTATION_CORDON: None}}}, env.namespace
+    )
+    await wait_for(lambda: node_state(a, False), timeout=10, what="un-cordon undrains")
+
+    pod_b = await env.kube.get(rest.PODS, b, env.namespace)
+    k8s_node = pod_b["spec"]["nodeName"]
+    try:
+        await env.kube.patch(
+            rest.NODES,
+            k8s_node,
+            {
+                "metadata": {"annotations": {ANNOTATION_NODE_CORDON_REASON: "kernel upgrade"}},
+                "spec": {"unschedulable": True},
+            },
+        )
+        await wait_for(
+            lambda: node_state(b, True, "slurm-operator: kernel upgrade"),
+            timeout=10,
+            what="Kubernetes node cordon drains its Slurm nodes",
+        )
+    finally:
+        await env.kube.patch(
+            rest.NODES,
+            k8s_node,
+            {
+                "metadata": {"annotations": {ANNOTATION_NODE_CORDON_REASON: None}},
+                "spec": {"unschedulable": None},
+            },
+        )
+    await wait_for(lambda: node_state(b, False), timeout=10, what="uncordon undrains")
+
+    out = await asyncio.to_thread(
+        env.testbed.slurm,
+        ["scontrol", "update", f"nodename={c}", "state=drain", "reason=admin: broken DIMM"],
+    )
+    assert out.returncode == 0
+
+    async def mirrored() -> bool:
+        pod = await env.kube.get(rest.PODS, c, env.namespace)
+        conds = {x["type"]: x for x in pod["status"].get("conditions") or []}
+        drain = conds.get("SlurmNodeStateDrain") or {}
+        return drain.get("status") == "True" and drain.get("message") == "admin: broken DIMM"
+
+    await wait_for(mirrored, timeout=10, what="operator saw the admin drain (pod condition)")
+    # Cordon and uncordon the pod: the operator reconciles it twice more.
+    await env.kube.patch(
+        rest.PODS, c, {"metadata": {"annotations": {ANNOTATION_CORDON: "true"}}}, env.namespace
+    )
+    await env.kube.patch(
+        rest.PODS, c, {"metadata": {"annotations": {ANNOTATION_CORDON: None}}}, env.namespace
+    )
+    await wait_for(lambda: _no_annotation(env, c), timeout=5, what="annotation removed")
+    deadline = time.monotonic() + 3 * 2.0
+    while time.monotonic() < deadline:  # bounded observation window: the drain must hold
+        assert await node_state(c, True, "admin: broken DIMM"), "an admin drain was undone"
+        await asyncio.sleep(0.5)
+
+
+async def _no_annotation(env: Env, pod: str) -> bool:
+    got = await env.kube.get(rest.PODS, pod, env.namespace)
+    return ANNOTATION_CORDON not in (got["metadata"].get("annotations") or {})
+
+
+async def test_no_pod_is_deleted_while_slurmrestd_is_down(env: Env) -> None:
+    await env.kube.create(NODESETS, nodeset_manifest("outage", 1), env.namespace)
+    (name,) = await wait_idle_nodes(env, "outage", 1)
+    job = await env.submit("outage", 6)
+    await env.running_on(job)
+    await env.scale("outage", 0)
+
+    async def drained() -> bool:
+        node = await env.slurm_node(name)
+        return bool(node and node.state.is_drain)
+
+    await wait_for(drained, timeout=10, what="node draining")
+    await asyncio.to_thread(env.testbed.stop_component, "slurmrestd")
+    try:
+        # The job ends while slurmrestd is down; the operator cannot confirm it, so the pod
+        # must stay for the whole outage (well past the job's end).
+        outage_end = time.monotonic() + 12
+        while time.monotonic() < outage_end:
+            assert await env.live_pod_names("outage") == [name], "pod deleted without Slurm's word"
+            await asyncio.sleep(0.5)
+    finally:
+        await asyncio.to_thread(env.testbed.start_component, "slurmrestd")
+    await wait_for(
+        lambda: _empty(env, "outage"), timeout=40, what="pod deleted after slurmrestd returned"
+    )
+    assert (await env.job_state(job)) == ["COMPLETED"]
+
+
+async def test_operator_killed_mid_scale_in_converges_after_restart(env: Env) -> None:
+    await env.kube.create(NODESETS, nodeset_manifest("crash", 2), env.namespace)
+    await wait_idle_nodes(env, "crash", 2)
+    job = await env.submit("crash", 10)
+    busy = await env.running_on(job)
+    await env.scale("crash", 0)
+
+    async def only_busy_draining() -> bool:
+        node = await env.slurm_node(busy)
+        return await env.live_pod_names("crash") == [busy] and bool(node and node.state.is_drain)
+
+    await wait_for(only_busy_draining, timeout=30, what="idle pod gone, busy one draining")
+    env.operator.kill()
+    await wait_for(
+        lambda: _job_done(env, job), timeout=30, what="job completes while the operator is down"
+    )
+    assert await env.live_pod_names("crash") == [busy], "nothing acts while the operator is down"
+    await env.operator.restart()
+    await wait_for(lambda: _empty(env, "crash"), timeout=60, what="converged after restart")
+    assert await env.slurm_node(busy) is None
+    assert (await env.job_state(job)) == ["COMPLETED"]
+
+    async def status_zero() -> bool:
+        st = (await env.nodeset("crash")).get("status") or {}
+        return st.get("replicas") == 0
+
+    await wait_for(status_zero, timeout=20, what="status replicas 0")
+
+
+async def _job_done(env: Env, job: int) -> bool:
+    return "COMPLETED" in await env.job_state(job)
