@@ -151,7 +151,7 @@ class Informer:
                 log.warning("%s: %s; retrying in %.1fs", self, e, delay)
                 await asyncio.sleep(delay)
             except WatchSilent:
-                log.info("%s: watch silent for %.0fs; reopening", self, self.silence_timeout)
+                log.debug("%s: watch silent for %.0fs; reopening", self, self.silence_timeout)
             except (httpx2.HTTPError, OSError, ValueError) as e:
                 delay = self.backoff.next()
                 log.warning("%s: connection problem (%s); retrying in %.1fs", self, e, delay)

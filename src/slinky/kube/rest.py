@@ -17,8 +17,15 @@ from typing import Any
 import httpx2
 from lightkube.config import client_adapter
 from lightkube.config.kubeconfig import KubeConfig, SingleConfig
+from prometheus_client import Counter
 
 JSON = dict[str, Any]
+
+REQUESTS = Counter(
+    "rest_client_requests_total",
+    "Number of HTTP requests to the Kubernetes API, partitioned by status code and method",
+    ["code", "method"],
+)
 
 
 @dataclass(frozen=True)
@@ -149,6 +156,7 @@ class Kube:
         resp = await self.http.request(
             method, path, params=_params(params), content=content, headers=headers, **extra
         )
+        REQUESTS.labels(str(resp.status_code), method).inc()
         text = resp.text
         if resp.status_code >= 300:
             raise _error(resp, text)
@@ -256,6 +264,7 @@ class Kube:
             params=_params(query),
             timeout=httpx2.Timeout(30.0, read=None),
         ) as resp:
+            REQUESTS.labels(str(resp.status_code), "WATCH").inc()
             if resp.status_code >= 300:
                 raise _error(resp, (await resp.aread()).decode(errors="replace"))
             async for line in resp.aiter_lines():

@@ -36,8 +36,8 @@ class Admin:
             ),
         )
         node.status = NodeStatus(
-            capacity={"cpu": str(cpus), "memory": memory, "pods": "1000"},
-            allocatable={"cpu": str(cpus), "memory": memory, "pods": "1000"},
+            capacity={"cpu": str(cpus), "memory": memory, "pods": "20000"},
+            allocatable={"cpu": str(cpus), "memory": memory, "pods": "20000"},
         )
         try:
             self.client.create(node)
