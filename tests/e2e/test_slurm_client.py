@@ -376,6 +376,9 @@ async def test_idle_informer_sends_few_requests(client: SlurmClient) -> None:
     inf.start()
     try:
         await asyncio.wait_for(inf.wait_synced(), 10)
+        # Other tests' slurmd may still be leaving Slurm: start once things are quiet.
+        start = inf.unchanged_polls
+        await wait_for(lambda: inf.unchanged_polls >= start + 3, timeout=30, what="quiet Slurm")
         polls, unchanged = inf.polls, inf.unchanged_polls
         await wait_for(lambda: inf.polls >= polls + 10, timeout=10, what="10 polls")
         assert inf.unchanged_polls - unchanged >= 8, "304s, not lists, while nothing changes"

@@ -450,6 +450,13 @@ class Testbed:
 
     # ---------------------------------------------------------------- single components
 
+    def spawn_extra(
+        self, name: str, argv: Sequence[str], *, env: dict[str, str] | None = None
+    ) -> None:
+        """Start another process that belongs to this test bed (e.g. the dev operator):
+        logged to logs/<name>.log and stopped by `down` like the rest."""
+        self._spawn(self.load(), name, argv, env=env)
+
     def stop_component(self, name: str) -> None:
         """Stop one component (e.g. `apiserver`, `slurmrestd`) to test recovery."""
         state = self.load()

@@ -1,31 +1,153 @@
-"""`make dev`: after the test bed is up, say how to use it."""
+"""`make dev`: on a running test bed, install the CRDs, start slurm-operator in the
+background, and create a sample Cluster and NodeSet whose slurmd pods join the test bed's
+Slurm. Idempotent: running it again keeps what is there."""
 
 from __future__ import annotations
 
 import argparse
+import base64
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
-from slinky.testbed import paths
+import yaml
+
+from slinky.testbed import paths, procs
 from slinky.testbed.bed import Testbed
+
+NAMESPACE = "slurm"
+REPO = Path(__file__).resolve().parents[3]
+
+
+def kubectl(bed: Testbed, *args: str, stdin: str | None = None) -> str:
+    out = subprocess.run(
+        [str(paths.bin_dir() / "kubectl"), f"--kubeconfig={bed.kubeconfig}", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"kubectl {' '.join(args)} failed:\n{out.stderr}")
+    return out.stdout
+
+
+def sample_objects(bed: Testbed) -> list[dict[str, object]]:
+    host, port = bed.slurmctld_addr.split(":")
+    key = base64.b64encode(bed.jwt_key_path.read_bytes()).decode()
+    labels = {"app.kubernetes.io/instance": "compute"}
+    return [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}},
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "slurm-jwt", "namespace": NAMESPACE},
+            "data": {"jwt_hs256.key": key},
+        },
+        {
+            "apiVersion": "slinky.slurm.net/v1alpha1",
+            "kind": "Cluster",
+            "metadata": {"name": "slurm", "namespace": NAMESPACE},
+            "spec": {
+                "server": bed.slurm_rest_url,
+                "username": "root",
+                "jwtKeyRef": {"name": "slurm-jwt"},
+                "controller": {"host": host, "port": int(port)},
+            },
+        },
+        {
+            "apiVersion": "slinky.slurm.net/v1alpha1",
+            "kind": "NodeSet",
+            "metadata": {"name": "compute", "namespace": NAMESPACE},
+            "spec": {
+                "clusterName": "slurm",
+                "replicas": 2,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "slurmd",
+                                "image": "slurmd",
+                                "args": ["--conf", "CPUs=2 RealMemory=1000"],
+                            }
+                        ]
+                    },
+                },
+            },
+        },
+    ]
+
+
+def operator_running(bed: Testbed) -> bool:
+    pid = bed.load().pids.get("operator")
+    return pid is not None and procs.Proc(pid[0], pid[1]).alive()
+
+
+def start_operator(bed: Testbed) -> tuple[int, int]:
+    mport, pport = procs.free_ports(2)
+    argv = [
+        sys.executable,
+        "-m",
+        "slinky.operator.main",
+        f"--kubeconfig={bed.kubeconfig}",
+        f"--metrics-bind-address=127.0.0.1:{mport}",
+        f"--health-probe-bind-address=127.0.0.1:{pport}",
+        "--leader-election-namespace=default",
+    ]
+    bed.spawn_extra("operator", argv, env={"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{pport}/readyz", timeout=2) as r:
+                if r.status == 200:
+                    return mport, pport
+        except (urllib.error.URLError, OSError):
+            pass
+        if not operator_running(bed):
+            break
+        time.sleep(0.2)
+    raise SystemExit("slurm-operator did not become ready; see " + str(bed.logs / "operator.log"))
 
 
 def main() -> None:
     p = argparse.ArgumentParser(prog="slinky-dev")
     p.add_argument("--dir", type=Path, required=True)
     bed = Testbed(p.parse_args().dir)
-    env = bed.env()
+    kubectl(bed, "apply", "--server-side", "-f", str(REPO / "config" / "crd"))
+    kubectl(
+        bed,
+        "wait",
+        "--for=condition=Established",
+        "crd/clusters.slinky.slurm.net",
+        "crd/nodesets.slinky.slurm.net",
+        "--timeout=60s",
+    )
+    ports = None
+    if not operator_running(bed):
+        ports = start_operator(bed)
+    manifest = yaml.safe_dump_all(sample_objects(bed))
+    kubectl(bed, "apply", "--server-side", "--field-manager=slinky-dev", "-f", "-", stdin=manifest)
+    where = f"metrics http://127.0.0.1:{ports[0]}/metrics, " if ports else ""
     print(f"""
-Slinky dev test bed is up ({bed.dir}).
+Slinky dev environment is up ({bed.dir}).
+  slurm-operator: {where}log {bed.logs / "operator.log"}
+  sample: Cluster slurm and NodeSet compute (2 slurmd pods) in namespace {NAMESPACE}
 
-  eval "$(make -s dev-env)"                   # KUBECONFIG, SLURM_REST_URL, SLURM_JWT, ...
-  {paths.bin_dir()}/kubectl get nodes
+  eval "$(make -s dev-env)"            # KUBECONFIG, SLURM_REST_URL, SLURM_JWT, SLURMCTLD_ADDR, ...
+  K={paths.bin_dir()}/kubectl
+  $K get slurmcluster,nodesets,pods -n {NAMESPACE}
+  $K scale nodeset/compute -n {NAMESPACE} --replicas=3
   .venv/bin/slinky testbed --dir {bed.dir} slurm sinfo
+  .venv/bin/slinky testbed --dir {bed.dir} slurm sbatch --wrap "sleep 60"
   .venv/bin/slinky testbed --dir {bed.dir} slurm squeue
-  curl -H "X-SLURM-USER-NAME: root" -H "X-SLURM-USER-TOKEN: $SLURM_JWT" \\
-       $SLURM_REST_URL/slurm/v0.0.44/nodes
 
-slurmctld for --conf-server: {env["SLURMCTLD_ADDR"]}
-Stop it with `make dev-down`.""")
+Stop everything with `make dev-down`.""")
 
 
 if __name__ == "__main__":
