@@ -1,0 +1,177 @@
+"""The NodeSet's pure pieces: the pod builder and the scale-in order."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from slinky.api.schema import parse
+from slinky.api.v1alpha1.nodeset import NodeSetSpec
+from slinky.operator.nodeset import builder, scaling
+from slinky.operator.nodeset.sync import max_unavailable, slurm_conditions
+from slinky.slurm.models import Node
+
+JSON = dict[str, Any]
+
+
+def nodeset(**spec: Any) -> tuple[JSON, NodeSetSpec]:
+    raw = {
+        "clusterName": "slurm",
+        "selector": {"matchLabels": {"app": "cpu"}},
+        "template": {
+            "metadata": {"labels": {"app": "cpu"}},
+            "spec": {
+                "containers": [
+                    {"name": "slurmd", "image": "slurmd"},
+                    {"name": "sidecar", "image": "x"},
+                ]
+            },
+        },
+        **spec,
+    }
+    obj = {
+        "apiVersion": "slinky.slurm.net/v1alpha1",
+        "kind": "NodeSet",
+        "metadata": {"name": "cpu", "namespace": "hpc", "uid": "u-1"},
+        "spec": raw,
+    }
+    return obj, parse(NodeSetSpec, raw, "spec")
+
+
+def test_pod_is_named_by_ordinal_with_hostname_subdomain_and_owner() -> None:
+    obj, spec = nodeset()
+    pod = builder.build_pod(obj, spec, 3, revision="abc", conf_server="10.0.0.5:6817")
+    assert pod["metadata"]["name"] == "cpu-3"
+    assert pod["spec"]["hostname"] == "cpu-3" and pod["spec"]["subdomain"] == "cpu"
+    ref = pod["metadata"]["ownerReferences"][0]
+    assert (ref["kind"], ref["uid"], ref["controller"]) == ("NodeSet", "u-1", True)
+    labels = pod["metadata"]["labels"]
+    assert labels["app"] == "cpu" and labels[builder.LABEL_REVISION] == "abc"
+    assert labels["app.kubernetes.io/managed-by"] == "slurm-operator"
+    assert builder.ordinal_of("cpu", "cpu-3") == 3
+    assert builder.ordinal_of("cpu", "cpu-03") is None
+    assert builder.ordinal_of("cpu", "cpux-1") is None
+
+
+def test_slurmd_gets_operator_flags_and_prestop_and_sidecars_are_untouched() -> None:
+    obj, spec = nodeset()
+    pod = builder.build_pod(obj, spec, 0, revision="r", conf_server="ctld:6817")
+    slurmd, sidecar = pod["spec"]["containers"]
+    assert slurmd["command"] == ["slurmd"]
+    assert slurmd["args"] == ["-D", "-Z", "--conf-server", "ctld:6817", "--conf", "Features=cpu"]
+    script = slurmd["lifecycle"]["preStop"]["exec"]["command"][-1]
+    assert "state=DOWN" in script and "slurm-operator: pod terminating" in script
+    assert "scontrol delete" in script
+    assert "args" not in sidecar and "lifecycle" not in sidecar
+
+
+def test_flags_the_user_set_are_kept() -> None:
+    args = builder.slurmd_args(
+        ["-Z", "--conf-server=mine:1", "--conf", "CPUs=4 Features=gpu"],
+        nodeset="cpu",
+        conf_server="x:1",
+    )
+    assert args == ["-Z", "--conf-server=mine:1", "--conf", "CPUs=4 Features=gpu", "-D"]
+    args = builder.slurmd_args(["--conf", "CPUs=4"], nodeset="cpu", conf_server=None)
+    assert args == ["--conf", "Features=cpu CPUs=4", "-D", "-Z"]
+
+
+def test_template_change_changes_revision_and_selector_string() -> None:
+    _, a = nodeset()
+    _, b = nodeset(
+        template={
+            "metadata": {"labels": {"app": "cpu"}, "annotations": {"v": "2"}},
+            "spec": {"containers": []},
+        }
+    )
+    assert builder.revision_hash(a.template) != builder.revision_hash(b.template)
+    assert builder.selector_string(a.selector) == "app=cpu"
+
+
+def test_slurm_comment_is_the_pod_identity() -> None:
+    obj, spec = nodeset()
+    pod = builder.build_pod(obj, spec, 1, revision="r", conf_server=None)
+    pod["spec"]["nodeName"] = "worker-7"
+    assert json.loads(builder.slurm_comment(pod)) == {
+        "namespace": "hpc",
+        "podName": "cpu-1",
+        "nodeSet": "cpu",
+        "node": "worker-7",
+    }
+
+
+def pod(name: str, *, scheduled: bool = True, ready: bool = True, **annotations: str) -> JSON:
+    return {
+        "metadata": {"name": name, "annotations": annotations},
+        "spec": {"nodeName": "n1"} if scheduled else {},
+        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
+def node(name: str, *states: str) -> Node:
+    return Node.parse({"name": name, "state": list(states)})
+
+
+def order(cands: list[scaling.Candidate]) -> list[str]:
+    return [c.pod["metadata"]["name"] for c in scaling.victims(cands, len(cands))]
+
+
+def test_scale_in_order() -> None:
+    c = scaling.Candidate
+    cands = [
+        c(pod("busy"), 0, node("busy", "ALLOCATED")),
+        c(pod("idle-high"), 5, node("idle-high", "IDLE")),
+        c(pod("idle-low"), 1, node("idle-low", "IDLE")),
+        c(pod("unready", ready=False), 2, node("unready", "IDLE")),
+        c(pod("unscheduled", scheduled=False, ready=False), 3, None),
+        c(pod("cheap", **{builder.ANNOTATION_DELETION_COST: "-5"}), 4, node("cheap", "MIXED")),
+        c(
+            pod("condemned", **{builder.ANNOTATION_CONDEMNED: "scale-in"}),
+            6,
+            node("condemned", "MIXED"),
+        ),
+    ]
+    assert order(cands) == [
+        "condemned",
+        "unscheduled",
+        "unready",
+        "idle-high",
+        "idle-low",
+        "cheap",
+        "busy",
+    ]
+
+
+def test_deadline_then_cordon_then_ordinal_break_ties() -> None:
+    c = scaling.Candidate
+    cands = [
+        c(
+            pod("late", **{builder.ANNOTATION_DEADLINE: "2030-01-01T00:00:00Z"}),
+            9,
+            node("a", "MIXED"),
+        ),
+        c(
+            pod("soon", **{builder.ANNOTATION_DEADLINE: "2029-01-01T00:00:00Z"}),
+            1,
+            node("b", "MIXED"),
+        ),
+        c(pod("cordoned", **{builder.ANNOTATION_CORDON: "true"}), 0, node("c", "MIXED")),
+        c(pod("plain"), 2, node("d", "MIXED")),
+    ]
+    assert order(cands) == ["soon", "late", "cordoned", "plain"]
+
+
+def test_slow_start_and_max_unavailable() -> None:
+    assert scaling.slow_start_batches(10) == [1, 2, 4, 3]
+    assert scaling.slow_start_batches(0) == []
+    _, spec = nodeset(updateStrategy={"rollingUpdate": {"maxUnavailable": "25%"}})
+    assert max_unavailable(spec.update_strategy.rolling_update, 10) == 2
+    assert max_unavailable(spec.update_strategy.rolling_update, 2) == 1, "never 0"
+
+
+def test_slurm_state_becomes_pod_conditions_with_reason() -> None:
+    n = Node.parse({"name": "x", "state": ["IDLE", "DRAIN"], "reason": "admin: dimm"})
+    conds = slurm_conditions(n)
+    assert conds["SlurmNodeStateIdle"] == (True, "")
+    assert conds["SlurmNodeStateDrain"] == (True, "admin: dimm")
+    assert conds["SlurmNodeStateAllocated"] == (False, "")
