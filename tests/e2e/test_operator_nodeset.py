@@ -328,6 +328,7 @@ async def test_rolling_update_one_at_a_time_without_killing_jobs(env: Env) -> No
         nodeset_manifest(
             "roll",
             3,
+            revisionHistoryLimit=0,
             updateStrategy={"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
         ),
         env.namespace,
@@ -375,6 +376,67 @@ async def test_rolling_update_one_at_a_time_without_killing_jobs(env: Env) -> No
     for j in jobs:
         assert (await env.job_state(j)) == ["COMPLETED"], f"job {j} was not killed"
     await wait_idle_nodes(env, "roll", 3)
+    new_rev = (await env.nodeset("roll"))["status"]["updateRevision"]
+    seen: list[str] = []
+
+    async def pruned() -> bool:
+        revs = (
+            await env.kube.list(
+                rest.CONTROLLER_REVISIONS,
+                env.namespace,
+                params={"labelSelector": "nodeset.slinky.slurm.net/name=roll"},
+            )
+        )["items"]
+        seen[:] = [r["metadata"]["labels"]["controller-revision-hash"] for r in revs]
+        return seen == [new_rev]
+
+    try:
+        await wait_for(pruned, timeout=20, what="old ControllerRevision pruned (historyLimit 0)")
+    except AssertionError as err:
+        raise AssertionError(f"{err}; revisions {seen}, want [{new_rev}]") from None
+
+
+async def test_on_delete_strategy_waits_for_a_manual_delete(env: Env) -> None:
+    await env.kube.create(
+        NODESETS, nodeset_manifest("ondel", 2, updateStrategy={"type": "OnDelete"}), env.namespace
+    )
+    await wait_idle_nodes(env, "ondel", 2)
+    old_rev = (await env.nodeset("ondel"))["status"]["updateRevision"]
+    await env.kube.patch(
+        NODESETS,
+        "ondel",
+        {"spec": {"template": {"metadata": {"annotations": {"e2e/version": "2"}}}}},
+        env.namespace,
+    )
+
+    async def new_revision() -> str | None:
+        st = (await env.nodeset("ondel")).get("status") or {}
+        rev = st.get("updateRevision")
+        return rev if rev and rev != old_rev else None
+
+    new_rev = await wait_for(new_revision, timeout=10, what="status.updateRevision changes")
+    observe_until = time.monotonic() + 4  # bounded window: OnDelete must not replace anything
+    uids = [p["metadata"]["uid"] for p in await env.pods("ondel")]
+    while time.monotonic() < observe_until:
+        assert [p["metadata"]["uid"] for p in await env.pods("ondel")] == uids
+        await asyncio.sleep(0.5)
+    await env.kube.delete(rest.PODS, "ondel-0", env.namespace)
+
+    async def replaced() -> bool:
+        pods = {
+            p["metadata"]["name"]: p
+            for p in await env.pods("ondel")
+            if not p["metadata"].get("deletionTimestamp")
+        }
+        p0, p1 = pods.get("ondel-0"), pods.get("ondel-1")
+        return bool(
+            p0
+            and p1
+            and p0["metadata"]["labels"]["controller-revision-hash"] == new_rev
+            and p1["metadata"]["labels"]["controller-revision-hash"] == old_rev
+        )
+
+    await wait_for(replaced, timeout=30, what="only the deleted pod comes back on the new revision")
 
 
 async def test_cordons_drain_and_uncordon_undrains_but_admin_drain_survives(env: Env) -> None:

@@ -45,12 +45,14 @@ def build(
     nodesets = factory.shared(NODESETS, indexers={BY_CLUSTER: cluster_of_nodeset})
     pods = factory.shared(rest.PODS, indexers={BY_NODE_NAME: index_node_name})
     nodes = factory.informer(rest.NODES)
+    revisions = factory.shared(rest.CONTROLLER_REVISIONS)
     expectations = Expectations()
     sync = NodeSetSync(
         kube,
         nodesets=nodesets,
         pods=pods,
         nodes=nodes,
+        revisions=revisions,
         clients=clients,
         recorder=recorder,
         expectations=expectations,

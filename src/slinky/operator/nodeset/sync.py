@@ -150,6 +150,7 @@ class NodeSetSync:
         nodesets: MultiInformer,
         pods: MultiInformer,
         nodes: Informer,
+        revisions: MultiInformer,
         clients: ClusterClients,
         recorder: events.EventRecorder,
         expectations: Expectations,
@@ -158,6 +159,7 @@ class NodeSetSync:
         self.nodesets = nodesets
         self.pods = pods
         self.nodes = nodes
+        self.revisions = revisions
         self.clients = clients
         self.recorder = recorder
         self.expectations = expectations
@@ -224,6 +226,27 @@ class NodeSetSync:
                 continue
             await self.podcontrol.create_if_absent(res, build())
             self._children_done.add((uid, kind))
+        await self.prune_revisions(view)
+
+    async def prune_revisions(self, view: View) -> None:
+        """Keep `revisionHistoryLimit` old ControllerRevisions besides those in use."""
+        in_use = {view.revision} | {revision_of(p) for p in view.active + view.terminating}
+        owned = self.revisions.by_index(BY_OWNER_UID, view.obj["metadata"]["uid"])
+        old = [
+            r
+            for r in owned
+            if (r["metadata"].get("labels") or {}).get(LABEL_REVISION) not in in_use
+        ]
+        old.sort(key=lambda r: int(r.get("revision") or 0), reverse=True)
+        log.debug(
+            "nodeset %s: revisions owned %d, in use %s, pruning %d",
+            view.key,
+            len(owned),
+            sorted(in_use),
+            max(0, len(old) - view.spec.revision_history_limit),
+        )
+        for rev in old[view.spec.revision_history_limit :]:
+            await self.podcontrol.delete_object(rest.CONTROLLER_REVISIONS, rev)
 
     # ------------------------------------------------------------ 2. finished pods
 
