@@ -72,6 +72,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="lifetime of tokens minted from spec.jwtKeyRef (renewed at 2/3)",
     )
     p.add_argument("--cluster-ping-interval", default="30s")
+    p.add_argument(
+        "--graceful-shutdown-timeout",
+        default="25s",
+        help="how long SIGTERM waits for running reconciles before giving up",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-format", default="text", choices=["text", "json"])
     p.add_argument("--version", action="version", version=f"slurm-operator {__version__}")
@@ -141,6 +146,31 @@ class Operator:
             await self.clients.close_all()
             await self.recorder.flush()
 
+    async def _elect_and_lead(self, stop: asyncio.Event) -> None:
+        if not self.args.leader_elect:
+            await self.lead(stop)
+            return
+        elector = LeaderElector(
+            self.kube,
+            name=self.args.leader_election_id,
+            namespace=lease_namespace(self.args),
+            identity=self.identity,
+            lease_duration=parse_duration(self.args.leader_election_lease_duration),
+            renew_deadline=parse_duration(self.args.leader_election_renew_deadline),
+            retry_period=parse_duration(self.args.leader_election_retry_period),
+        )
+        await elector.run(self.lead, stop)
+
+    def _report_stuck(self, grace: float) -> None:
+        """Shutdown overran its grace period: say what is still running, then give up."""
+        log.error("shutdown did not finish within %.0fs; pending tasks:", grace)
+        for task in asyncio.all_tasks():
+            if task is asyncio.current_task():
+                continue
+            frames = task.get_stack(limit=3)
+            where = " <- ".join(f"{f.f_code.co_filename}:{f.f_lineno}" for f in frames)
+            log.error("  %s: %s", task.get_name(), where or "(no frame)")
+
     async def run(self, stop: asyncio.Event) -> int:
         self.build()
         await self.server.start(
@@ -154,20 +184,19 @@ class Operator:
             ", ".join(self.args.namespace) or "all",
         )
         code = 0
+        work = asyncio.create_task(self._elect_and_lead(stop), name="operator")
         try:
-            if self.args.leader_elect:
-                elector = LeaderElector(
-                    self.kube,
-                    name=self.args.leader_election_id,
-                    namespace=lease_namespace(self.args),
-                    identity=self.identity,
-                    lease_duration=parse_duration(self.args.leader_election_lease_duration),
-                    renew_deadline=parse_duration(self.args.leader_election_renew_deadline),
-                    retry_period=parse_duration(self.args.leader_election_retry_period),
-                )
-                await elector.run(self.lead, stop)
+            stopping = asyncio.create_task(stop.wait())
+            await asyncio.wait([work, stopping], return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
+            grace = parse_duration(self.args.graceful_shutdown_timeout)
+            done, _ = await asyncio.wait([work], timeout=grace)
+            if not done:
+                self._report_stuck(grace)
+                work.cancel()
+                code = 3
             else:
-                await self.lead(stop)
+                work.result()  # re-raises what the operator died of
         except LeadershipLost:
             log.error("lost leadership; exiting so a restart starts clean")
             code = 1
