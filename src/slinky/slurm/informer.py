@@ -19,7 +19,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from slinky.slurm import errors
 from slinky.slurm.client import SlurmClient
@@ -62,6 +62,8 @@ class SlurmEvent:
 
 
 Subscriber = Callable[[SlurmEvent], None]
+K = TypeVar("K", str, int)
+V = TypeVar("V", Node, Job)
 
 
 def _significant(raw: dict[str, Any], volatile: frozenset[str]) -> dict[str, Any]:
@@ -200,37 +202,48 @@ class SlurmInformer:
     # ------------------------------------------------------------ diffs
 
     def _diff_nodes(self, nodes: list[Node]) -> None:
-        fresh = {n.name: n for n in nodes}
-        for name in list(self.nodes):
-            if name not in fresh:
-                gone = self.nodes.pop(name)
-                self._node_sig.pop(name, None)
-                self._publish(SlurmEvent("node", "DELETED", name, old=gone))
-        for name, node in fresh.items():
-            sig = _significant(node.raw, VOLATILE_NODE_FIELDS)
-            old = self.nodes.get(name)
-            self.nodes[name] = node
-            if old is None:
-                self._node_sig[name] = sig
-                self._publish(SlurmEvent("node", "ADDED", name, new=node))
-            elif self._node_sig.get(name) != sig:
-                self._node_sig[name] = sig
-                self._publish(SlurmEvent("node", "UPDATED", name, old=old, new=node))
+        _diff(
+            "node",
+            cache=self.nodes,
+            sigs=self._node_sig,
+            fresh={n.name: n for n in nodes},
+            volatile=VOLATILE_NODE_FIELDS,
+            publish=self._publish,
+        )
 
     def _diff_jobs(self, jobs: list[Job]) -> None:
-        fresh = {j.job_id: j for j in jobs}
-        for job_id in list(self.jobs):
-            if job_id not in fresh:
-                finished = self.jobs.pop(job_id)
-                self._job_sig.pop(job_id, None)
-                self._publish(SlurmEvent("job", "DELETED", str(job_id), old=finished))
-        for job_id, job in fresh.items():
-            sig = _significant(job.raw, VOLATILE_JOB_FIELDS)
-            old = self.jobs.get(job_id)
-            self.jobs[job_id] = job
-            if old is None:
-                self._job_sig[job_id] = sig
-                self._publish(SlurmEvent("job", "ADDED", str(job_id), new=job))
-            elif self._job_sig.get(job_id) != sig:
-                self._job_sig[job_id] = sig
-                self._publish(SlurmEvent("job", "UPDATED", str(job_id), old=old, new=job))
+        _diff(
+            "job",
+            cache=self.jobs,
+            sigs=self._job_sig,
+            fresh={j.job_id: j for j in jobs},
+            volatile=VOLATILE_JOB_FIELDS,
+            publish=self._publish,
+        )
+
+
+def _diff(
+    kind: Literal["node", "job"],
+    *,
+    cache: dict[K, V],
+    sigs: dict[K, dict[str, Any]],
+    fresh: dict[K, V],
+    volatile: frozenset[str],
+    publish: Callable[[SlurmEvent], None],
+) -> None:
+    """Bring `cache` to `fresh`, publishing one event per object that really changed."""
+    for key in list(cache):
+        if key not in fresh:
+            gone = cache.pop(key)
+            sigs.pop(key, None)
+            publish(SlurmEvent(kind, "DELETED", str(key), old=gone))
+    for key, obj in fresh.items():
+        sig = _significant(obj.raw, volatile)
+        old = cache.get(key)
+        cache[key] = obj
+        if old is None:
+            sigs[key] = sig
+            publish(SlurmEvent(kind, "ADDED", str(key), new=obj))
+        elif sigs.get(key) != sig:
+            sigs[key] = sig
+            publish(SlurmEvent(kind, "UPDATED", str(key), old=old, new=obj))

@@ -32,42 +32,18 @@ def ensure_pki(directory: Path) -> None:
         "ca.crt",
         cwd=directory,
     )
-    _openssl("genrsa", "-out", "apiserver.key", "2048", cwd=directory)
-    (directory / "apiserver.ext").write_text(
-        "subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,"
-        "DNS:kubernetes.default,DNS:kubernetes.default.svc,"
-        "DNS:kubernetes.default.svc.cluster.local\n"
-        "extendedKeyUsage=serverAuth\n"
-    )
-    _openssl(
-        "req",
-        "-new",
-        "-key",
-        "apiserver.key",
-        "-subj",
-        "/CN=kube-apiserver",
-        "-out",
-        "apiserver.csr",
-        cwd=directory,
-    )
-    _openssl(
-        "x509",
-        "-req",
-        "-in",
-        "apiserver.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "3650",
-        "-sha256",
-        "-extfile",
-        "apiserver.ext",
-        "-out",
-        "apiserver.crt",
-        cwd=directory,
+    serving_cert(
+        directory,
+        "apiserver",
+        [
+            "127.0.0.1",
+            "10.0.0.1",
+            "localhost",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        ],
     )
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=directory)
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=directory)
