@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import signal
 import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -580,3 +582,22 @@ async def test_operator_killed_mid_scale_in_converges_after_restart(env: Env) ->
 
 async def _job_done(env: Env, job: int) -> bool:
     return "COMPLETED" in await env.job_state(job)
+
+
+async def test_a_failed_pod_is_replaced(env: Env) -> None:
+    manifest = nodeset_manifest("fail", 1)
+    manifest["spec"]["template"]["spec"]["restartPolicy"] = "Never"
+    await env.kube.create(NODESETS, manifest, env.namespace)
+    await wait_idle_nodes(env, "fail", 1)
+    (first,) = await env.pods("fail")
+    pid = int(first["status"]["containerStatuses"][0]["containerID"].removeprefix("process://"))
+    os.kill(pid, signal.SIGKILL)  # slurmd dies; restartPolicy Never makes the pod Failed
+
+    async def replaced() -> bool:
+        pods = [p for p in await env.pods("fail") if not p["metadata"].get("deletionTimestamp")]
+        return len(pods) == 1 and pods[0]["metadata"]["uid"] != first["metadata"]["uid"]
+
+    await wait_for(replaced, timeout=30, what="a new pod replaces the Failed one")
+    await wait_idle_nodes(env, "fail", 1)
+    evs = (await env.kube.list(rest.EVENTS, env.namespace))["items"]
+    assert any(ev["reason"] == "PodFinished" for ev in evs)
