@@ -376,3 +376,21 @@ async def test_leader_election_one_reconciles_and_failover_after_kill(
 
 async def _is(holder: Any, want: str) -> bool:
     return bool(await holder() == want)
+
+
+async def test_silent_watch_is_reopened_without_losing_anything(
+    kube: rest.Kube, namespace: str
+) -> None:
+    inf = Informer(kube, rest.CONFIGMAPS, namespace=namespace, silence_timeout=0.5)
+    inf.start()
+    try:
+        await asyncio.wait_for(inf.wait_synced(), 10)
+        relists = inf.relists
+        await wait_for(lambda: inf.reconnects >= 3, timeout=10, what="watchdog reopened the watch")
+        await kube.create(rest.CONFIGMAPS, cm("after-silence"), namespace)
+        await wait_for(
+            lambda: f"{namespace}/after-silence" in inf.store, timeout=10, what="event seen"
+        )
+        assert inf.relists == relists, "a silent stream resumes; it does not re-list"
+    finally:
+        await inf.stop()
