@@ -601,3 +601,50 @@ async def test_a_failed_pod_is_replaced(env: Env) -> None:
     await wait_idle_nodes(env, "fail", 1)
     evs = (await env.kube.list(rest.EVENTS, env.namespace))["items"]
     assert any(ev["reason"] == "PodFinished" for ev in evs)
+
+
+async def test_volume_claims_follow_the_retention_policy(env: Env) -> None:
+    claim = {
+        "metadata": {"name": "scratch"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    for name, policy in (
+        ("keepvol", {}),
+        ("dropvol", {"whenScaled": "Delete", "whenDeleted": "Delete"}),
+    ):
+        await env.kube.create(
+            NODESETS,
+            nodeset_manifest(
+                name, 1, volumeClaimTemplates=[claim], persistentVolumeClaimRetentionPolicy=policy
+            ),
+            env.namespace,
+        )
+
+    async def pvcs() -> set[str]:
+        items = (await env.kube.list(rest.PVCS, env.namespace))["items"]
+        return {p["metadata"]["name"] for p in items if not p["metadata"].get("deletionTimestamp")}
+
+    await wait_for(
+        lambda: _has(pvcs, {"scratch-keepvol-0", "scratch-dropvol-0"}),
+        timeout=20,
+        what="one PVC per pod",
+    )
+    pod = await env.kube.get(rest.PODS, "dropvol-0", env.namespace)
+    assert {"name": "scratch", "persistentVolumeClaim": {"claimName": "scratch-dropvol-0"}} in pod[
+        "spec"
+    ]["volumes"]
+    # No storage provisioner here: the pods stay unscheduled, so scale-in removes them at once.
+    await env.scale("keepvol", 0)
+    await env.scale("dropvol", 0)
+    await wait_for(lambda: _empty(env, "dropvol"), timeout=20, what="dropvol pod gone")
+    await wait_for(lambda: _empty(env, "keepvol"), timeout=20, what="keepvol pod gone")
+    await wait_for(lambda: _lacks(pvcs, "scratch-dropvol-0"), timeout=20, what="whenScaled: Delete")
+    assert "scratch-keepvol-0" in await pvcs(), "whenScaled: Retain keeps the claim"
+
+
+async def _has(get: Callable[[], Awaitable[set[str]]], want: set[str]) -> bool:
+    return want <= await get()
+
+
+async def _lacks(get: Callable[[], Awaitable[set[str]]], name: str) -> bool:
+    return name not in await get()

@@ -431,29 +431,42 @@ class NodeSetSync:
         name = pod["metadata"]["name"]
         if condemned(pod) != why:
             await self.podcontrol.patch_metadata(pod, annotations={ANNOTATION_CONDEMNED: why})
-        if not (pod.get("spec") or {}).get("nodeName"):
-            # Never scheduled: no slurmd ever ran.
-            await self.podcontrol.delete_pod(view.exp_key, pod)
-            return False
-        if view.conn is None:
-            return True  # cannot ask Slurm: keep the pod (fail closed)
-        if await slurmcontrol.drain(view.conn, name, reason):
-            self.recorder.event(
-                view.obj, events.NORMAL, "Draining", f"draining Slurm node {name} ({reason})"
-            )
-        if not await slurmcontrol.is_drained(view.conn, name):
-            return True
+        scheduled = bool((pod.get("spec") or {}).get("nodeName"))
+        if scheduled:  # an unscheduled pod never ran a slurmd: nothing to drain
+            if view.conn is None:
+                return True  # cannot ask Slurm: keep the pod (fail closed)
+            if await slurmcontrol.drain(view.conn, name, reason):
+                self.recorder.event(
+                    view.obj, events.NORMAL, "Draining", f"draining Slurm node {name} ({reason})"
+                )
+            if not await slurmcontrol.is_drained(view.conn, name):
+                return True
         if await self.podcontrol.delete_pod(view.exp_key, pod):
+            because = "Slurm node drained" if scheduled else "never scheduled"
             self.recorder.event(
-                view.obj,
-                events.NORMAL,
-                "Deleted",
-                f"deleted pod {name}: Slurm node drained ({why})",
+                view.obj, events.NORMAL, "Deleted", f"deleted pod {name}: {because} ({why})"
             )
-            log.info("nodeset %s: deleted pod %s (Slurm node drained, %s)", view.key, name, why)
+            log.info("nodeset %s: deleted pod %s (%s, %s)", view.key, name, because, why)
+        if why == CONDEMNED_SCALE_IN:
+            await self.delete_scaled_pvcs(view, name)
         view.active.remove(pod)
         view.terminating.append(pod)
         return False
+
+    async def delete_scaled_pvcs(self, view: View, pod_name: str) -> None:
+        """persistentVolumeClaimRetentionPolicy.whenScaled: Delete."""
+        if view.spec.persistent_volume_claim_retention_policy.when_scaled != "Delete":
+            return
+        for claim in view.spec.volume_claim_templates or []:
+            cname = (claim.get("metadata") or {}).get("name")
+            if cname:
+                pvc = {
+                    "metadata": {
+                        "name": f"{cname}-{pod_name}",
+                        "namespace": view.obj["metadata"]["namespace"],
+                    }
+                }
+                await self.podcontrol.delete_object(rest.PVCS, pvc)
 
     # ------------------------------------------------------------ 6. rolling update
 
