@@ -143,11 +143,12 @@ class Controller:
             for i in range(self.workers)
         ]
         log.info("controller %s: started %d workers", self.name, self.workers)
+        stop = stop or asyncio.Event()
         try:
-            if stop is None:
-                await asyncio.Event().wait()
-            else:
-                await stop.wait()
+            while not stop.is_set():  # refresh the in-flight work gauges once a second
+                self.queue.update_unfinished_metrics()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1.0)
         finally:
             await self.shutdown()
 

@@ -64,9 +64,5 @@ class Expectations:
             return True
         return time.monotonic() - e.at > self.ttl
 
-    def pending(self, key: str) -> tuple[int, int]:
-        e = self._by_key.get(key)
-        return (e.adds, len(e.deletes)) if e else (0, 0)
-
     def forget(self, key: str) -> None:
         self._by_key.pop(key, None)

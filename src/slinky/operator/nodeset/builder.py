@@ -69,24 +69,6 @@ def selector_string(selector: LabelSelector) -> str:
     return ",".join(parts)
 
 
-def selector_matches(selector: LabelSelector, labels: dict[str, str]) -> bool:
-    for k, v in (selector.match_labels or {}).items():
-        if labels.get(k) != v:
-            return False
-    for req in selector.match_expressions or []:
-        present = req.key in labels
-        value = labels.get(req.key)
-        ok = {
-            "In": present and value in (req.values or []),
-            "NotIn": not present or value not in (req.values or []),
-            "Exists": present,
-            "DoesNotExist": not present,
-        }[req.operator]
-        if not ok:
-            return False
-    return True
-
-
 def revision_hash(template: JSON) -> str:
     """A short stable hash of the pod template (the ControllerRevision's identity)."""
     data = json.dumps(template, sort_keys=True, separators=(",", ":")).encode()
