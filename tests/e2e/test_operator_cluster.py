@@ -52,20 +52,17 @@ async def test_cluster_with_token_becomes_ready_and_kubectl_shows_columns(
     await kube.create(
         rest.SECRETS, secret("slurm-token", **{"auth-token": testbed.mint_slurm_token()}), namespace
     )
-    t0 = time.monotonic()
     await kube.create(
         CLUSTERS,
         cluster("slurm", testbed.slurm_rest_url, token={"secretRef": "slurm-token"}),
         namespace,
     )
     obj = await wait_reason(kube, namespace, "slurm", "Connected", timeout=15)
-    took = time.monotonic() - t0
     st = obj["status"]
     assert st["isReady"] is True and st["slurmVersion"] == "26.05.5"
     assert st["apiVersion"] == "v0.0.45" and st["lastPingTime"]
     assert st["observedGeneration"] == obj["metadata"]["generation"]
     assert "slinky.slurm.net/finalizer" in obj["metadata"]["finalizers"]
-    assert took < 10, f"Ready after {took:.1f}s"
     out = subprocess.run(
         [
             str(paths.bin_dir() / "kubectl"),

@@ -281,13 +281,11 @@ async def test_scale_in_drains_idle_first_and_waits_for_the_running_job(env: Env
         return "COMPLETED" in await env.job_state(job)
 
     await wait_for(completed, timeout=30, what="job completed normally")
-    t_done = time.monotonic()
+    # Deadline: about one poll interval (2 s) to see the node drained, plus the preStop.
+    await wait_for(lambda: _empty(env, "shrink"), timeout=8, what="pod deleted soon after")
     await wait_for(
-        lambda: gone(lambda: env.slurm_node(busy)), timeout=20, what="Slurm node record gone"
+        lambda: gone(lambda: env.slurm_node(busy)), timeout=5, what="Slurm node record gone"
     )
-    await wait_for(lambda: _empty(env, "shrink"), timeout=20, what="pod deleted")
-    latency = time.monotonic() - t_done
-    assert latency < 10, f"drained-to-deleted took {latency:.1f}s"
     assert (await env.job_state(job)) == ["COMPLETED"]
 
 
