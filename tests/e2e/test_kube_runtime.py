@@ -15,9 +15,10 @@ from typing import Any
 import httpx2
 import pytest
 
+from slinky.background import Backoff
 from slinky.kube import events, objects, rest
 from slinky.kube.controller import DONE, Controller, Result
-from slinky.kube.informer import Backoff, Handler, Informer, InformerFactory
+from slinky.kube.informer import Handler, Informer, InformerFactory
 from slinky.kube.serving import ProbeServer
 from slinky.kube.store import key_of
 from slinky.testbed.bed import Testbed

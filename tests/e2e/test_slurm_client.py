@@ -152,6 +152,8 @@ async def test_busy_node_delete_is_distinguishable_and_job_completes(
         return (await client.get_job(job_id)).is_running
 
     await wait_for(running, timeout=30, what="job running")
+    await client.update_job(job_id, {"comment": "slinky e2e"})
+    assert (await client.get_job(job_id)).comment == "slinky e2e"
     node = await client.get_node(name)
     assert node.state.is_busy and not node.state.is_drained
     await client.drain_node(name, "slurm-operator: test")
@@ -221,6 +223,9 @@ async def test_external_node_and_placeholder_job_allocation(client: SlurmClient)
 async def test_partitions_and_reservations_list(client: SlurmClient) -> None:
     parts = await client.list_partitions()
     assert "all" in [p.name for p in parts]
+    assert (await client.get_partition("all")).name == "all"
+    with pytest.raises(errors.SlurmNotFound):
+        await client.get_partition("no-such-partition")
     assert isinstance(await client.list_reservations(), list)
 
 

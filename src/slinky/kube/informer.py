@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx2
 
+from slinky.background import BackgroundLoop, Backoff
 from slinky.kube import rest
 from slinky.kube.store import IndexFunc, Store, key_of
 
@@ -43,28 +44,11 @@ class Handler:
     on_delete: Callable[[JSON], None] | None = None
 
 
-class Backoff:
-    """Exponential backoff with jitter."""
-
-    def __init__(self, initial: float = 0.2, maximum: float = 30.0) -> None:
-        self.initial = initial
-        self.maximum = maximum
-        self._next = initial
-
-    def next(self) -> float:
-        delay = self._next
-        self._next = min(self._next * 2, self.maximum)
-        return delay * random.uniform(0.8, 1.2)
-
-    def reset(self) -> None:
-        self._next = self.initial
-
-
 class WatchSilent(Exception):
     """The watch stream sent nothing, not even a bookmark, for too long."""
 
 
-class Informer:
+class Informer(BackgroundLoop):
     """Keeps `store` equal to the apiserver's view of one resource (and selector)."""
 
     def __init__(
@@ -96,7 +80,6 @@ class Informer:
         self.reconnects = 0
         self._handlers: list[Handler] = []
         self._synced = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
 
     def __repr__(self) -> str:
         scope = f" ns={self.namespace}" if self.namespace else ""
@@ -121,16 +104,8 @@ class Informer:
 
     # ------------------------------------------------------------ lifecycle
 
-    def start(self) -> None:
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self.run(), name=f"informer {self.res.plural}")
-
-    async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+    def task_name(self) -> str:
+        return f"informer {self.res.plural}"
 
     async def run(self) -> None:
         """List once, then watch forever; resume, re-list or back off as needed."""

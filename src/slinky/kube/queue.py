@@ -105,13 +105,6 @@ class WorkQueue:
     def __len__(self) -> int:
         return len(self._queue)
 
-    @property
-    def shutting_down(self) -> bool:
-        return self._shutting_down
-
-    def is_processing(self, key: str) -> bool:
-        return key in self._processing
-
     def add(self, key: str) -> None:
         if self._shutting_down or key in self._dirty:
             return

@@ -90,9 +90,6 @@ class Store:
     def get(self, key: str) -> JSON | None:
         return self._items.get(key)
 
-    def get_by(self, namespace: str | None, name: str) -> JSON | None:
-        return self._items.get(f"{namespace}/{name}" if namespace else name)
-
     def keys(self) -> list[str]:
         return list(self._items)
 

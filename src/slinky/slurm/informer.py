@@ -15,12 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
+from slinky.background import BackgroundLoop, Backoff
 from slinky.slurm import errors
 from slinky.slurm.client import SlurmClient
 from slinky.slurm.models import Job, Node
@@ -70,7 +70,7 @@ def _significant(raw: dict[str, Any], volatile: frozenset[str]) -> dict[str, Any
     return {k: v for k, v in raw.items() if k not in volatile}
 
 
-class SlurmInformer:
+class SlurmInformer(BackgroundLoop):
     def __init__(
         self,
         client: SlurmClient,
@@ -100,7 +100,6 @@ class SlurmInformer:
         self._last_resync = 0.0
         self._synced = asyncio.Event()
         self._subscribers: list[Subscriber] = []
-        self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
 
     def __repr__(self) -> str:
@@ -136,27 +135,19 @@ class SlurmInformer:
 
     # ------------------------------------------------------------ lifecycle
 
-    def start(self) -> None:
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self.run(), name=f"slurm informer {self.client.url}")
-
-    async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+    def task_name(self) -> str:
+        return f"slurm informer {self.client.url}"
 
     async def run(self) -> None:
-        delay = self.poll_interval
+        backoff = Backoff(self.poll_interval * 2, self.max_backoff)
         while True:
             try:
                 await self.poll_once()
+                backoff.reset()
                 delay = self.poll_interval
             except errors.SlurmError as e:
                 self._mark_stale(str(e))
-                delay = min(max(delay * 2, self.poll_interval), self.max_backoff)
-                delay *= random.uniform(0.8, 1.2)
+                delay = backoff.next()
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)
