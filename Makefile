@@ -3,7 +3,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml testbed/pyproject.toml | sha1sum | cut -c1-12)
 DEV_DIR ?= $(HOME)/.cache/slinky/testbeds/dev
 PYTEST_ARGS ?=
 
@@ -11,10 +11,10 @@ PYTEST_ARGS ?=
 
 all: test
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml testbed/pyproject.toml
 	rm -f $(VENV)/.installed-*
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]'
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]' -e ./testbed
 	touch $@
 
 venv: $(STAMP)
@@ -24,13 +24,13 @@ testbed-build: venv
 	$(BIN)/slinky testbed build
 
 lint: venv
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src testbed tests bench
+	$(BIN)/ruff format --check src testbed tests bench
 	$(BIN)/mypy
 
 fmt: venv
-	$(BIN)/ruff format src tests bench
-	$(BIN)/ruff check --fix src tests bench
+	$(BIN)/ruff format src testbed tests bench
+	$(BIN)/ruff check --fix src testbed tests bench
 
 typecheck: venv
 	$(BIN)/mypy
@@ -49,7 +49,7 @@ test: testbed-build lint
 dev: testbed-build
 	@$(BIN)/slinky testbed --dir $(DEV_DIR) status >/dev/null 2>&1 || \
 		$(BIN)/slinky testbed --dir $(DEV_DIR) up --process-nodes 3 --kwok-nodes 2
-	@$(BIN)/python -m slinky.testbed.dev --dir $(DEV_DIR)
+	@$(BIN)/python -m slinky_testbed.dev --dir $(DEV_DIR)
 
 dev-down: venv
 	$(BIN)/slinky testbed --dir $(DEV_DIR) down

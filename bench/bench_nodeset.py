@@ -28,8 +28,8 @@ from slinky.operator.resources import CLUSTERS, NODESETS
 from slinky.slurm import errors
 from slinky.slurm.client import SlurmClient
 from slinky.slurm.tokens import MintedToken
-from slinky.testbed import procs
-from slinky.testbed.bed import Testbed
+from slinky_testbed import procs
+from slinky_testbed.bed import Testbed
 
 JSON = dict[str, Any]
 NS = "bench-nodeset"

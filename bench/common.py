@@ -5,8 +5,8 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from slinky.testbed import paths
-from slinky.testbed.bed import Testbed
+from slinky_testbed import paths
+from slinky_testbed.bed import Testbed
 
 
 def bench_testbed(kwok_nodes: int = 4) -> Testbed:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the Kubernetes control plane (kube-apiserver, kube-controller-manager, kube-scheduler,
+# Build Kubernetes (kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy,
 # kubectl) of one pinned release from the Go module proxy, plus kwok and helm.
 # Everything lands in $SLINKY_CACHE/bin (default ~/.cache/slinky/bin); a warm run rebuilds nothing.
 set -euo pipefail
@@ -9,6 +9,7 @@ KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 CACHE="${SLINKY_CACHE:-$HOME/.cache/slinky}"
 BIN="$CACHE/bin"
+KUBE_BINS="kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy"
 mkdir -p "$BIN"
 
 export GOTOOLCHAIN=local CGO_ENABLED=0
@@ -18,7 +19,7 @@ stamp_ok() { [ -x "$BIN/$1" ] && [ "$(cat "$BIN/.$1.version" 2>/dev/null)" = "$2
 
 build_kube() {
   local need=0
-  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+  for b in $KUBE_BINS; do
     stamp_ok "$b" "$KUBE_VERSION" || need=1
   done
   [ $need = 1 ] || { echo "kube $KUBE_VERSION: cached"; return; }
@@ -52,6 +53,8 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
 )
 GO
   echo "kube $KUBE_VERSION: go mod tidy"
@@ -68,8 +71,10 @@ GO
     k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler \
-    k8s.io/kubernetes/cmd/kubectl
-  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+    k8s.io/kubernetes/cmd/kubectl \
+    k8s.io/kubernetes/cmd/kubelet \
+    k8s.io/kubernetes/cmd/kube-proxy
+  for b in $KUBE_BINS; do
     mv -f "out/$b" "$BIN/$b"
     echo "$KUBE_VERSION" > "$BIN/.$b.version"
   done

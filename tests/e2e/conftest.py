@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from slinky.kube import rest
-from slinky.testbed import paths
-from slinky.testbed.bed import Testbed
-from slinky.testing.slurmrest import SlurmRest
-from slinky.testing.waiting import wait_for
+from slinky_testbed import paths
+from slinky_testbed.bed import Testbed
+from slinky_testbed.slurmrest import SlurmRest
+from slinky_testbed.waiting import wait_for
 from tests.e2e.operator_fixtures import crds, operator
 
 pytestmark = pytest.mark.e2e

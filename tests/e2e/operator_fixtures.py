@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from slinky.kube import rest
-from slinky.testbed import procs
-from slinky.testbed.bed import Testbed
-from slinky.testing.waiting import wait_for
+from slinky_testbed import procs
+from slinky_testbed.bed import Testbed
+from slinky_testbed.waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR_NS = "slinky-system"

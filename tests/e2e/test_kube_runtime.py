@@ -21,8 +21,8 @@ from slinky.kube.controller import DONE, Controller, Result
 from slinky.kube.informer import Handler, Informer, InformerFactory
 from slinky.kube.serving import ProbeServer
 from slinky.kube.store import key_of
-from slinky.testbed.bed import Testbed
-from slinky.testing.waiting import wait_for
+from slinky_testbed.bed import Testbed
+from slinky_testbed.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 

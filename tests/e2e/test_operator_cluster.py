@@ -13,9 +13,9 @@ import pytest
 
 from slinky.kube import rest
 from slinky.operator.resources import CLUSTERS, NODESETS
-from slinky.testbed import paths, procs
-from slinky.testbed.bed import Testbed
-from slinky.testing.waiting import wait_for
+from slinky_testbed import paths, procs
+from slinky_testbed.bed import Testbed
+from slinky_testbed.waiting import wait_for
 from tests.e2e.operator_fixtures import OperatorProcess, cluster, condition, secret
 
 pytestmark = pytest.mark.e2e

@@ -23,9 +23,9 @@ from slinky.operator.resources import CLUSTERS, NODESETS
 from slinky.slurm import errors
 from slinky.slurm.client import SlurmClient
 from slinky.slurm.tokens import MintedToken
-from slinky.testbed import paths
-from slinky.testbed.bed import Testbed
-from slinky.testing.waiting import wait_for
+from slinky_testbed import paths
+from slinky_testbed.bed import Testbed
+from slinky_testbed.waiting import wait_for
 from tests.e2e.operator_fixtures import OperatorProcess, cluster, condition, secret
 
 pytestmark = pytest.mark.e2e

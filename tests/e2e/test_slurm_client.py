@@ -18,8 +18,8 @@ from slinky.slurm import errors
 from slinky.slurm.client import SlurmClient
 from slinky.slurm.informer import SlurmEvent, SlurmInformer
 from slinky.slurm.tokens import MintedToken, StaticToken, TokenFile
-from slinky.testbed.bed import Testbed
-from slinky.testing.waiting import wait_for
+from slinky_testbed.bed import Testbed
+from slinky_testbed.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 

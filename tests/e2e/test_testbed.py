@@ -14,10 +14,10 @@ import jwt
 import pytest
 
 from slinky.kube import rest
-from slinky.testbed import paths, procs
-from slinky.testbed.bed import Testbed
-from slinky.testing.slurmrest import SlurmRest
-from slinky.testing.waiting import wait_for
+from slinky_testbed import paths, procs
+from slinky_testbed.bed import Testbed
+from slinky_testbed.slurmrest import SlurmRest
+from slinky_testbed.waiting import wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -283,7 +283,7 @@ async def test_slurm_ping_with_jwt_and_bad_token_is_refused(
 
 def test_env_prints_what_a_shell_needs(testbed: Testbed) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "slinky.testbed.cli", "testbed", "--dir", str(testbed.dir), "env"],
+        [sys.executable, "-m", "slinky_testbed.cli", "testbed", "--dir", str(testbed.dir), "env"],
         check=True,
         capture_output=True,
         text=True,

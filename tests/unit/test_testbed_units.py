@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from slinky.testbed import kubelet, procs, slurmconf
+from slinky_testbed import kubelet, procs, slurmconf
 
 
 def test_slurmd_gets_foreground_name_and_unique_port() -> None:

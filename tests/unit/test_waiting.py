@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from slinky.testing.waiting import WaitTimeout, wait_for
+from slinky_testbed.waiting import WaitTimeout, wait_for
 
 
 async def test_wait_for_returns_first_truthy_value() -> None:

@@ -18,8 +18,7 @@ import uuid
 from pathlib import Path
 
 from slinky import __version__
-from slinky.api.v1alpha1.common import parse_duration
-from slinky.kube import events, logs, rest
+from slinky.kube import events, flags, logs, rest
 from slinky.kube.controller import Controller, run_all
 from slinky.kube.informer import InformerFactory
 from slinky.kube.leader import LeaderElector, LeadershipLost
@@ -47,11 +46,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[],
         help="namespace to watch (repeatable; default all)",
     )
-    p.add_argument(
+    flags.add_bool(
+        p,
         "--leader-elect",
-        action=argparse.BooleanOptionalAction,
         default=True,
-        help="elect a leader on a Lease so only one replica acts (default true)",
+        help="elect a leader on a Lease so only one replica acts",
     )
     p.add_argument(
         "--leader-election-namespace",
@@ -59,20 +58,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="namespace of the Lease (default: the pod's namespace, else default)",
     )
     p.add_argument("--leader-election-id", default="slurm-operator.slinky.slurm.net")
-    p.add_argument("--leader-election-lease-duration", default="15s")
-    p.add_argument("--leader-election-renew-deadline", default="10s")
-    p.add_argument("--leader-election-retry-period", default="2s")
+    flags.add_duration(p, "--leader-election-lease-duration", default="15s")
+    flags.add_duration(p, "--leader-election-renew-deadline", default="10s")
+    flags.add_duration(p, "--leader-election-retry-period", default="2s")
     p.add_argument("--metrics-bind-address", default=":8080", help='"0" disables')
     p.add_argument("--health-probe-bind-address", default=":8081", help='"0" disables')
     p.add_argument("--cluster-workers", type=int, default=1)
     p.add_argument("--nodeset-workers", type=int, default=4)
-    p.add_argument(
+    flags.add_duration(
+        p,
         "--slurm-token-lifetime",
         default="15m",
         help="lifetime of tokens minted from spec.jwtKeyRef (renewed at 2/3)",
     )
-    p.add_argument("--cluster-ping-interval", default="30s")
-    p.add_argument(
+    flags.add_duration(p, "--cluster-ping-interval", default="30s")
+    flags.add_duration(
+        p,
         "--graceful-shutdown-timeout",
         default="25s",
         help="how long SIGTERM waits for running reconciles before giving up",
@@ -109,8 +110,8 @@ class Operator:
 
     def build(self) -> None:
         opts = Options(
-            token_lifetime=parse_duration(self.args.slurm_token_lifetime),
-            ping_interval=parse_duration(self.args.cluster_ping_interval),
+            token_lifetime=float(self.args.slurm_token_lifetime),
+            ping_interval=float(self.args.cluster_ping_interval),
         )
         self.controllers.append(
             cluster_controller.build(
@@ -155,9 +156,9 @@ class Operator:
             name=self.args.leader_election_id,
             namespace=lease_namespace(self.args),
             identity=self.identity,
-            lease_duration=parse_duration(self.args.leader_election_lease_duration),
-            renew_deadline=parse_duration(self.args.leader_election_renew_deadline),
-            retry_period=parse_duration(self.args.leader_election_retry_period),
+            lease_duration=float(self.args.leader_election_lease_duration),
+            renew_deadline=float(self.args.leader_election_renew_deadline),
+            retry_period=float(self.args.leader_election_retry_period),
         )
         await elector.run(self.lead, stop)
 
@@ -189,7 +190,7 @@ class Operator:
             stopping = asyncio.create_task(stop.wait())
             await asyncio.wait([work, stopping], return_when=asyncio.FIRST_COMPLETED)
             stopping.cancel()
-            grace = parse_duration(self.args.graceful_shutdown_timeout)
+            grace = float(self.args.graceful_shutdown_timeout)
             done, _ = await asyncio.wait([work], timeout=grace)
             if not done:
                 self._report_stuck(grace)

@@ -43,6 +43,8 @@ def parse_duration(text: str) -> float:
     """Seconds in a Kubernetes duration such as "2s", "1m30s", "500ms"."""
     import re
 
+    if not re.fullmatch(DURATION_PATTERN, text):
+        raise ValueError(f"not a duration: {text!r} (e.g. 2s, 1m30s, 500ms)")
     total = 0.0
     for value, unit in re.findall(r"([0-9]+(?:\.[0-9]+)?)(ms|s|m|h)", text):
         total += float(value) * {"ms": 0.001, "s": 1, "m": 60, "h": 3600}[unit]

@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from slinky.kube import rest
-from slinky.testbed import procs
+from slinky_testbed import procs
 
-log = logging.getLogger("slinky.testbed.kubelet")
+log = logging.getLogger("slinky_testbed.kubelet")
 
 JSON = dict[str, Any]
 CLONE_NEWUTS = 0x04000000

@@ -28,7 +28,7 @@ from typing import Any
 import jwt
 import yaml
 
-from slinky.testbed import paths, pki, procs, slurmconf
+from slinky_testbed import paths, pki, procs, slurmconf
 
 KUBE_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 ADMIN_USER = "slinky-admin"
@@ -395,7 +395,7 @@ class Testbed:
         argv = [
             sys.executable,
             "-m",
-            "slinky.testbed.kubelet",
+            "slinky_testbed.kubelet",
             f"--kubeconfig={self.kubeconfig}",
             f"--root={self.root}",
             f"--state-dir={self.dir / 'kubelet'}",
@@ -407,7 +407,7 @@ class Testbed:
     def _start_kwok(self, state: State) -> None:
         if not state.kwok_nodes:
             return
-        from slinky.testbed import kubeapi
+        from slinky_testbed import kubeapi
 
         api = kubeapi.Admin(self.kubeconfig)
         for name in state.kwok_nodes:
@@ -516,7 +516,7 @@ class Testbed:
             return False
 
     def _nodes_ready(self, state: State) -> bool:
-        from slinky.testbed import kubeapi
+        from slinky_testbed import kubeapi
 
         want = set(state.process_nodes) | set(state.kwok_nodes)
         return want <= kubeapi.Admin(self.kubeconfig).ready_nodes()

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import yaml
 
-from slinky.testbed import paths, procs
-from slinky.testbed.bed import Testbed
+from slinky_testbed import paths, procs
+from slinky_testbed.bed import Testbed
 
 NAMESPACE = "slurm"
 REPO = Path(__file__).resolve().parents[3]

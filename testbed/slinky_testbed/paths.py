@@ -33,4 +33,4 @@ def default_state_dir() -> Path:
 
 def hack_dir() -> Path:
     """The repository's `hack/` folder holding the build scripts."""
-    return Path(__file__).resolve().parents[3] / "hack"
+    return Path(__file__).resolve().parents[2] / "hack"

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from slinky.testbed import paths
-from slinky.testbed.bed import Testbed, TestbedError
+from slinky_testbed import paths
+from slinky_testbed.bed import Testbed, TestbedError
 
 
 def build() -> None:
