@@ -5,187 +5,26 @@ kubelet. Jobs are real Slurm batch jobs; nothing is faked."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
 from slinky.kube import rest
 from slinky.operator.nodeset.builder import ANNOTATION_CORDON, ANNOTATION_NODE_CORDON_REASON
-from slinky.operator.resources import CLUSTERS, NODESETS
-from slinky.slurm import errors
-from slinky.slurm.client import SlurmClient
-from slinky.slurm.tokens import MintedToken
+from slinky.operator.resources import NODESETS
 from slinky_testbed import paths
-from slinky_testbed.bed import Testbed
 from slinky_testbed.waiting import wait_for
-from tests.e2e.operator_fixtures import OperatorProcess, cluster, condition, secret
+from tests.e2e.nodeset_fixtures import Env, gone, nodeset_manifest, wait_idle_nodes
 
 pytestmark = pytest.mark.e2e
 
 JSON = dict[str, Any]
-
-
-@dataclass
-class Env:
-    kube: rest.Kube
-    slurm: SlurmClient
-    testbed: Testbed
-    namespace: str
-    operator: OperatorProcess
-
-    async def pods(self, nodeset: str) -> list[JSON]:
-        items = (
-            await self.kube.list(
-                rest.PODS,
-                self.namespace,
-                params={"labelSelector": f"nodeset.slinky.slurm.net/name={nodeset}"},
-            )
-        )["items"]
-        return sorted(items, key=lambda p: p["metadata"]["name"])
-
-    async def live_pod_names(self, nodeset: str) -> list[str]:
-        return [
-            p["metadata"]["name"]
-            for p in await self.pods(nodeset)
-            if not p["metadata"].get("deletionTimestamp")
-        ]
-
-    async def nodeset(self, name: str) -> JSON:
-        return await self.kube.get(NODESETS, name, self.namespace)
-
-    async def scale(self, name: str, replicas: int) -> None:
-        """Through the scale subresource, as `kubectl scale` and HPA do."""
-        await self.kube.patch(
-            NODESETS, name, {"spec": {"replicas": replicas}}, self.namespace, subresource="scale"
-        )
-
-    async def slurm_node(self, name: str) -> Any:
-        try:
-            return await self.slurm.get_node(name)
-        except errors.SlurmNotFound:
-            return None
-
-    async def submit(self, feature: str, seconds: int, *, name: str = "e2e") -> int:
-        return await self.slurm.submit_job(
-            {
-                "name": name,
-                "constraints": feature,
-                "minimum_nodes": 1,
-                "maximum_nodes": 1,
-                "tasks": 1,
-                "current_working_directory": "/tmp",
-                "environment": ["PATH=/usr/bin:/bin"],
-                "time_limit": {"set": True, "number": 10},
-            },
-            script=f"#!/bin/sh\nsleep {seconds}\n",
-        )
-
-    async def running_on(self, job_id: int, timeout: float = 30) -> str:
-        async def running() -> str | None:
-            job = await self.slurm.get_job(job_id)
-            return job.nodes if job.is_running and job.nodes else None
-
-        return await wait_for(running, timeout=timeout, what=f"job {job_id} running")
-
-    async def job_state(self, job_id: int) -> list[str]:
-        return (await self.slurm.get_job(job_id)).state
-
-
-@pytest.fixture
-async def env(
-    kube: rest.Kube, testbed: Testbed, operator: OperatorProcess, namespace: str
-) -> AsyncIterator[Env]:
-    """A Ready Cluster in the test namespace (tokens minted from the JWT key)."""
-    await kube.create(
-        rest.SECRETS,
-        secret("slurm-jwt", **{"jwt_hs256.key": testbed.jwt_key_path.read_bytes()}),
-        namespace,
-    )
-    host, port = testbed.slurmctld_addr.split(":")
-    await kube.create(
-        CLUSTERS,
-        cluster(
-            "slurm",
-            testbed.slurm_rest_url,
-            username="root",
-            jwtKeyRef={"name": "slurm-jwt"},
-            controller={"host": host, "port": int(port)},
-        ),
-        namespace,
-    )
-
-    async def connected() -> bool:
-        return condition(await kube.get(CLUSTERS, "slurm", namespace)).get("reason") == "Connected"
-
-    await wait_for(connected, timeout=30, what="Cluster connected")
-    slurm = SlurmClient(
-        testbed.slurm_rest_url, MintedToken.from_file(testbed.jwt_key_path, user="root")
-    )
-    e = Env(kube, slurm, testbed, namespace, operator)
-    try:
-        yield e
-    finally:
-        # Scale everything to zero first so that pods leave Slurm cleanly.
-        for ns_obj in (await kube.list(NODESETS, namespace))["items"]:
-            with contextlib.suppress(rest.ApiError):
-                await kube.delete(NODESETS, ns_obj["metadata"]["name"], namespace)
-        for job in (await slurm.list_jobs())[0] or []:
-            if not job.is_finished and job.name.startswith("e2e"):
-                await slurm.cancel_job(job.job_id)
-        await slurm.close()
-
-
-def nodeset_manifest(name: str, replicas: int, **spec: Any) -> JSON:
-    return {
-        "apiVersion": "slinky.slurm.net/v1alpha1",
-        "kind": "NodeSet",
-        "metadata": {"name": name},
-        "spec": {
-            "clusterName": "slurm",
-            "replicas": replicas,
-            "selector": {"matchLabels": {"app.kubernetes.io/instance": name}},
-            "template": {
-                "metadata": {"labels": {"app.kubernetes.io/instance": name}},
-                "spec": {
-                    "terminationGracePeriodSeconds": 10,
-                    "containers": [
-                        {
-                            "name": "slurmd",
-                            "image": "slurmd",
-                            "args": ["--conf", "CPUs=2 RealMemory=1000"],
-                        }
-                    ],
-                },
-            },
-            **spec,
-        },
-    }
-
-
-async def wait_idle_nodes(e: Env, name: str, count: int, timeout: float = 60) -> list[str]:
-    async def idle() -> list[str] | None:
-        names = await e.live_pod_names(name)
-        if len(names) != count:
-            return None
-        for n in names:
-            node = await e.slurm_node(n)
-            if node is None or not node.state.is_idle or node.state.is_drain:
-                return None
-        return names
-
-    return await wait_for(idle, timeout=timeout, interval=0.2, what=f"{count} IDLE Slurm nodes")
-
-
-async def gone(check: Callable[[], Awaitable[Any]]) -> bool:
-    return (await check()) is None
 
 
 async def test_scale_out_from_zero_registers_idle_nodes_with_the_nodeset_feature(env: Env) -> None:
