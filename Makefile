@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml testbed/pyproject.toml | 
 DEV_DIR ?= $(HOME)/.cache/slinky/testbeds/dev
 PYTEST_ARGS ?=
 
-.PHONY: all venv testbed-build lint fmt typecheck unit e2e test dev dev-down dev-env bench crds clean
+.PHONY: all venv testbed-build images lint fmt typecheck unit e2e test dev dev-down dev-env bench crds clean
 
 all: test
 
@@ -22,6 +22,13 @@ venv: $(STAMP)
 ## Build or reuse the cached test bed: Kubernetes binaries, kwok, helm, etcd, Slurm root.
 testbed-build: venv
 	$(BIN)/slinky testbed build
+
+## OCI image archives (Slurm, Slinky) in ~/.cache/slinky/images, no registry or daemon needed;
+## rebuilt only when their inputs change. Import with `ctr -n k8s.io images import <archive>`.
+images: venv
+	bash hack/build-slurm-root.sh
+	bash hack/build-python-root.sh
+	$(BIN)/python -m slinky_testbed.images build
 
 lint: venv
 	$(BIN)/ruff check src testbed tests bench

@@ -1,0 +1,723 @@
+"""Container images built here, without a registry or a daemon.
+
+Each image is an OCI image layout (`oci-layout`, `index.json`, `blobs/sha256/...`) written as
+one tar archive that `ctr -n k8s.io images import` accepts. The index entry names the image
+(`io.containerd.image.name` and `org.opencontainers.image.ref.name` both carry the full
+reference), so the import needs no `--base-name` and pods find it with
+`imagePullPolicy: IfNotPresent`.
+
+- Slurm image: the cached Debian sid root holding Slurm (`hack/build-slurm-root.sh`) used as
+  it is as one zstd layer, plus a small layer with a static init (tini), an entrypoint that
+  prepares the runtime directories and execs the daemon it is given, and those directories.
+- Slinky image: a Debian root with Python (`hack/build-python-root.sh`) as a zstd layer, a
+  layer with a venv holding the project's pinned dependencies, and a layer with the slinky
+  wheel (never the test bed package).
+
+`make images` runs `python -m slinky_testbed.images build`; a stamp of the inputs' hashes
+makes a second run with unchanged inputs a no-op. `built()` tells the test bed what to import.
+This module uses only the standard library (plus the `zstd`, `tar` and `chroot` commands).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import tomllib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from slinky_testbed import paths
+
+MEDIA_INDEX = "application/vnd.oci.image.index.v1+json"
+MEDIA_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+MEDIA_CONFIG = "application/vnd.oci.image.config.v1+json"
+MEDIA_LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
+MEDIA_LAYER_ZSTD = "application/vnd.oci.image.layer.v1.tar+zstd"
+ANNOTATION_REF_NAME = "org.opencontainers.image.ref.name"
+# containerd's importer takes the name from this annotation as it is; from ref.name alone
+# `ctr images import` would prefix it with `import-<date>:`.
+ANNOTATION_CONTAINERD_NAME = "io.containerd.image.name"
+
+# Bump when the way images are assembled changes, so cached archives get rebuilt.
+BUILDER_VERSION = "2"
+SLURM_REPO = "localhost/slinky/slurm"
+SLINKY_REPO = "localhost/slinky/slinky"
+VENV = "/opt/slinky"
+SLINKY_UID = 65532
+STANDARD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_CHUNK = 1 << 20
+
+SLURM_ENTRYPOINT = """\
+#!/bin/sh
+# Entrypoint of the Slurm image: prepare the runtime directories a Slurm daemon expects (a
+# volume mounted over one of them starts empty and root-owned), then run the given command.
+# tini (PID 1) reaps the slurmstepd processes slurmd leaves behind.
+set -eu
+if [ "$#" -eq 0 ]; then
+  echo "usage: slurm-entrypoint slurmd|slurmctld|slurmrestd|<command> [args...]" >&2
+  exit 2
+fi
+if [ "$(id -u)" = 0 ]; then
+  # Only change what differs: with a read-only root file system the image's dirs are right.
+  for d in /run/slurm /var/spool/slurmd /var/log/slurm /run/slurmctld /var/spool/slurmctld; do
+    [ -d "$d" ] || mkdir -p "$d"
+  done
+  for d in /run/slurmctld /var/spool/slurmctld; do
+    [ "$(stat -c %U "$d")" = slurm ] || chown slurm:slurm "$d"
+  done
+fi
+exec "$@"
+"""
+
+
+class ImagesNotBuilt(RuntimeError):
+    """The image archives are missing: run `make images`."""
+
+
+# ---------------------------------------------------------------------------------------------
+# OCI image layout: pure pieces
+
+
+def sha256_digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def canonical_json(obj: Any) -> bytes:
+    """JSON with sorted keys and no spaces: the same object always gets the same digest."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True)
+class Layer:
+    """A layer blob as stored: its file, media type, digest and the digest of its tar."""
+
+    path: Path
+    media_type: str
+    digest: str
+    size: int
+    diff_id: str
+    comment: str = ""
+
+
+@dataclass(frozen=True)
+class ImageConfig:
+    """What a container of the image runs (the OCI config's `config` object)."""
+
+    entrypoint: Sequence[str]
+    cmd: Sequence[str] = ()
+    env: Sequence[str] = (f"PATH={STANDARD_PATH}",)
+    working_dir: str = "/"
+    user: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+def config_document(cfg: ImageConfig, layers: Sequence[Layer]) -> dict[str, Any]:
+    """The OCI image config: platform, run settings and the layers' uncompressed digests."""
+    run: dict[str, Any] = {
+        "Entrypoint": list(cfg.entrypoint),
+        "Env": list(cfg.env),
+        "WorkingDir": cfg.working_dir,
+    }
+    if cfg.cmd:
+        run["Cmd"] = list(cfg.cmd)
+    if cfg.user:
+        run["User"] = cfg.user
+    if cfg.labels:
+        run["Labels"] = dict(cfg.labels)
+    return {
+        "architecture": "amd64",
+        "os": "linux",
+        "config": run,
+        "rootfs": {"type": "layers", "diff_ids": [layer.diff_id for layer in layers]},
+        "history": [{"created_by": layer.comment or "layer"} for layer in layers],
+    }
+
+
+def descriptor(media_type: str, digest: str, size: int, **extra: Any) -> dict[str, Any]:
+    return {"mediaType": media_type, "digest": digest, "size": size, **extra}
+
+
+def manifest_document(config: bytes, layers: Sequence[Layer]) -> dict[str, Any]:
+    return {
+        "schemaVersion": 2,
+        "mediaType": MEDIA_MANIFEST,
+        "config": descriptor(MEDIA_CONFIG, sha256_digest(config), len(config)),
+        "layers": [descriptor(x.media_type, x.digest, x.size) for x in layers],
+    }
+
+
+def index_document(manifest: bytes, ref: str) -> dict[str, Any]:
+    return {
+        "schemaVersion": 2,
+        "mediaType": MEDIA_INDEX,
+        "manifests": [
+            descriptor(
+                MEDIA_MANIFEST,
+                sha256_digest(manifest),
+                len(manifest),
+                platform={"architecture": "amd64", "os": "linux"},
+                annotations={ANNOTATION_CONTAINERD_NAME: ref, ANNOTATION_REF_NAME: ref},
+            )
+        ],
+    }
+
+
+def check_ref(ref: str) -> None:
+    """Refuse references containerd would reject or rename (they must be fully qualified)."""
+    if not re.fullmatch(
+        r"[a-z0-9.-]+(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)+:[\w][\w.-]{0,127}", ref
+    ):
+        raise ValueError(f"image reference {ref!r} is not of the form host/path:tag")
+
+
+def write_layout(archive: Path, ref: str, cfg: ImageConfig, layers: Sequence[Layer]) -> str:
+    """Write the OCI image layout of one image as a tar; returns the manifest digest."""
+    check_ref(ref)
+    config = canonical_json(config_document(cfg, layers))
+    manifest = canonical_json(manifest_document(config, layers))
+    index = canonical_json(index_document(manifest, ref))
+    tmp = archive.with_name(archive.name + ".tmp")
+    with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as tar:
+        _add_bytes(tar, "oci-layout", canonical_json({"imageLayoutVersion": "1.0.0"}))
+        _add_bytes(tar, "index.json", index)
+        _add_dir(tar, "blobs")
+        _add_dir(tar, "blobs/sha256")
+        _add_bytes(tar, _blob_name(sha256_digest(manifest)), manifest)
+        _add_bytes(tar, _blob_name(sha256_digest(config)), config)
+        seen: set[str] = set()
+        for layer in layers:
+            if layer.digest in seen:
+                continue
+            seen.add(layer.digest)
+            info = tarfile.TarInfo(_blob_name(layer.digest))
+            info.size = layer.size
+            info.mode = 0o644
+            with layer.path.open("rb") as f:
+                tar.addfile(info, f)
+    tmp.replace(archive)
+    return sha256_digest(manifest)
+
+
+def _blob_name(digest: str) -> str:
+    return "blobs/sha256/" + digest.removeprefix("sha256:")
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes, mode: int = 0o644) -> None:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mode = mode
+    tar.addfile(info, io.BytesIO(data))
+
+
+def _add_dir(tar: tarfile.TarFile, name: str, mode: int = 0o755, uid: int = 0) -> None:
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.DIRTYPE
+    info.mode = mode
+    info.uid = info.gid = uid
+    tar.addfile(info)
+
+
+# ---------------------------------------------------------------------------------------------
+# Layers
+
+
+def _hash_stream(stream: IO[bytes]) -> tuple[str, int]:
+    h = hashlib.sha256()
+    size = 0
+    while chunk := stream.read(_CHUNK):
+        h.update(chunk)
+        size += len(chunk)
+    return "sha256:" + h.hexdigest(), size
+
+
+def zstd_layer(path: Path, comment: str) -> Layer:
+    """A zstd-compressed tar used as it is; its diff_id is the digest of the decompressed tar."""
+    with path.open("rb") as f:
+        digest, size = _hash_stream(f)
+    with subprocess.Popen(["zstd", "-dc", str(path)], stdout=subprocess.PIPE) as proc:
+        assert proc.stdout is not None
+        diff_id, _ = _hash_stream(proc.stdout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"zstd -dc {path} failed with exit code {proc.returncode}")
+    return Layer(path, MEDIA_LAYER_ZSTD, digest, size, diff_id, comment)
+
+
+def gzip_layer(tar_path: Path, out: Path, comment: str) -> Layer:
+    """Compress an uncompressed layer tar with gzip (mtime 0: same input, same digest)."""
+    with tar_path.open("rb") as f:
+        diff_id, _ = _hash_stream(f)
+    with (
+        tar_path.open("rb") as src,
+        out.open("wb") as raw,
+        gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=6) as gz,
+    ):
+        shutil.copyfileobj(src, gz, _CHUNK)
+    with out.open("rb") as f:
+        digest, size = _hash_stream(f)
+    return Layer(out, MEDIA_LAYER_GZIP, digest, size, diff_id, comment)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One member of a layer built in memory: a directory (data None) or a regular file."""
+
+    name: str
+    mode: int
+    data: bytes | None = None
+    uid: int = 0
+    gid: int = 0
+
+
+def write_entries_tar(out: Path, entries: Iterable[Entry]) -> None:
+    """A deterministic layer tar: fixed mtime, numeric owners, in the order given."""
+    with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
+        for e in entries:
+            info = tarfile.TarInfo(e.name)
+            info.mode = e.mode
+            info.uid, info.gid = e.uid, e.gid
+            if e.data is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(e.data)
+                tar.addfile(info, io.BytesIO(e.data))
+
+
+def write_tree_tar(out: Path, root: Path, members: Iterable[str]) -> None:
+    """A layer tar of the given paths (relative to `root`), owners kept as numeric ids."""
+
+    def numeric(info: tarfile.TarInfo) -> tarfile.TarInfo:
+        info.uname = info.gname = ""
+        return info
+
+    with tarfile.open(out, "w", format=tarfile.PAX_FORMAT) as tar:
+        for rel in sorted(members):
+            tar.add(root / rel, arcname=rel, recursive=False, filter=numeric)
+
+
+def tree_snapshot(root: Path, top: str) -> dict[str, tuple[int, int, int]]:
+    """Path (relative to `root`) -> (mode, size, mtime_ns) of everything under `root/top`."""
+    snap: dict[str, tuple[int, int, int]] = {}
+    base = root / top.lstrip("/")
+    for dirpath, dirnames, filenames in os.walk(base):
+        for name in dirnames + filenames:
+            p = Path(dirpath) / name
+            st = p.lstat()
+            snap[str(p.relative_to(root))] = (st.st_mode, st.st_size, st.st_mtime_ns)
+    st = base.lstat()
+    snap[str(base.relative_to(root))] = (st.st_mode, st.st_size, st.st_mtime_ns)
+    return snap
+
+
+def changed_paths(
+    before: Mapping[str, tuple[int, int, int]], after: Mapping[str, tuple[int, int, int]]
+) -> list[str]:
+    """Paths new or changed between two snapshots (what an upper layer must hold)."""
+    removed = before.keys() - after.keys()
+    if removed:
+        # A layer would need whiteouts for these; installing a wheel never removes files.
+        raise RuntimeError(f"files removed, not expected: {sorted(removed)[:5]}")
+    return sorted(p for p, st in after.items() if before.get(p) != st)
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs and caching
+
+
+def images_dir() -> Path:
+    return paths.cache_dir() / "images"
+
+
+def python_root_tarball() -> Path:
+    """The zstd tarball of the Debian root with Python (`hack/build-python-root.sh`)."""
+    return paths.cache_dir() / "python-root-bookworm.tar.zst"
+
+
+def repo_dir() -> Path:
+    return paths.hack_dir().parent
+
+
+def file_fingerprint(path: Path) -> str:
+    """Identity of a big cached input without reading it: its stamp, size and mtime."""
+    st = path.stat()
+    stamp = path.with_name(path.name + ".stamp")
+    tag = stamp.read_text().strip() if stamp.exists() else ""
+    return f"{path.name}|{st.st_size}|{st.st_mtime_ns}|{tag}"
+
+
+def tree_hash(root: Path, skip: Callable[[Path], bool]) -> str:
+    """Digest of the names and contents of all files under `root` (sorted walk)."""
+    h = hashlib.sha256()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not skip(Path(dirpath) / d))
+        for name in sorted(filenames):
+            p = Path(dirpath) / name
+            if skip(p):
+                continue
+            h.update(str(p.relative_to(root)).encode() + b"\0")
+            h.update(p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _not_source(p: Path) -> bool:
+    return p.name == "__pycache__" or p.suffix == ".pyc" or p.name.endswith(".egg-info")
+
+
+def inputs_key(parts: Mapping[str, str]) -> str:
+    return hashlib.sha256(canonical_json(dict(parts))).hexdigest()
+
+
+def project_version(pyproject: Path) -> str:
+    with pyproject.open("rb") as f:
+        return str(tomllib.load(f)["project"]["version"])
+
+
+def dpkg_versions(status: str, packages: Iterable[str]) -> dict[str, str]:
+    """Versions of the given packages in a dpkg status file (those installed)."""
+    wanted = set(packages)
+    found: dict[str, str] = {}
+    for para in status.split("\n\n"):
+        fields = dict(
+            line.split(": ", 1) for line in para.splitlines() if ": " in line and line[0] != " "
+        )
+        if fields.get("Package") in wanted:
+            found[fields["Package"]] = fields.get("Version", "")
+    return found
+
+
+def slurm_tag(version: str) -> str:
+    """`26.05.5-1` -> `26.05`: the tag names the Slurm release, not the Debian revision."""
+    m = re.match(r"(\d+)\.(\d+)\.", version)
+    if not m:
+        raise ValueError(f"unexpected Slurm package version {version!r}")
+    return f"{m.group(1)}.{m.group(2)}"
+
+
+def passwd_ids(passwd: str, user: str) -> tuple[int, int]:
+    for line in passwd.splitlines():
+        fields = line.split(":")
+        if len(fields) >= 4 and fields[0] == user:
+            return int(fields[2]), int(fields[3])
+    raise KeyError(f"user {user!r} not in /etc/passwd of the root")
+
+
+def _tar_member(tarball: Path, member: str) -> bytes:
+    return subprocess.run(
+        ["tar", "--zstd", "-xOf", str(tarball), member], check=True, capture_output=True
+    ).stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# Image builds
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    """One image archive: its short name, full reference, archive path and manifest digest."""
+
+    name: str
+    ref: str
+    archive: Path
+    digest: str
+    size: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "ref": self.ref,
+            "archive": str(self.archive),
+            "digest": self.digest,
+            "size": self.size,
+        }
+
+
+def _cached(name: str, key: str, out_dir: Path) -> BuiltImage | None:
+    stamp = out_dir / f"{name}.stamp.json"
+    try:
+        data = json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        return None
+    archive = Path(data.get("archive", ""))
+    if data.get("key") != key or not archive.is_file():
+        return None
+    return BuiltImage(name, data["ref"], archive, data["digest"], int(data["size"]))
+
+
+def _record(image: BuiltImage, key: str, out_dir: Path) -> None:
+    stamp = out_dir / f"{image.name}.stamp.json"
+    stamp.write_text(json.dumps({"key": key, **image.as_json()}, indent=1) + "\n")
+
+
+def build_slurm(out_dir: Path, log: Callable[[str], None]) -> BuiltImage:
+    root = paths.slurm_root_tarball()
+    pyroot = python_root_tarball()
+    for t in (root, pyroot):
+        if not t.is_file():
+            raise ImagesNotBuilt(f"{t} missing: run `make testbed-build` and `make images`")
+    key = inputs_key(
+        {
+            "builder": BUILDER_VERSION,
+            "root": file_fingerprint(root),
+            "tini-from": file_fingerprint(pyroot),
+            "entrypoint": SLURM_ENTRYPOINT,
+        }
+    )
+    if (hit := _cached("slurm", key, out_dir)) is not None:
+        log(f"slurm image: cached ({hit.ref})")
+        return hit
+    t0 = time.monotonic()
+    status = _tar_member(root, "./var/lib/dpkg/status").decode()
+    version = dpkg_versions(status, ["slurmd"]).get("slurmd")
+    if not version:
+        raise RuntimeError(f"{root} has no slurmd package")
+    ref = f"{SLURM_REPO}:{slurm_tag(version)}"
+    slurm_uid, slurm_gid = passwd_ids(_tar_member(root, "./etc/passwd").decode(), "slurm")
+    # tini-static from the Debian root we build anyway: one static binary, any glibc.
+    tini = _tar_member(pyroot, "./usr/bin/tini-static")
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        work = Path(tmp)
+        entries = [
+            Entry("usr", 0o755),
+            Entry("usr/bin", 0o755),
+            Entry("usr/bin/tini", 0o755, tini),
+            Entry("usr/local", 0o755),
+            Entry("usr/local/bin", 0o755),
+            Entry("usr/local/bin/slurm-entrypoint", 0o755, SLURM_ENTRYPOINT.encode()),
+            Entry("run", 0o755),
+            Entry("run/slurm", 0o755),
+            Entry("run/slurmctld", 0o755, uid=slurm_uid, gid=slurm_gid),
+            Entry("var", 0o755),
+            Entry("var/spool", 0o755),
+            Entry("var/spool/slurmd", 0o755),
+            Entry("var/spool/slurmctld", 0o755, uid=slurm_uid, gid=slurm_gid),
+            Entry("var/log", 0o755),
+            Entry("var/log/slurm", 0o755),
+        ]
+        write_entries_tar(work / "extra.tar", entries)
+        extra = gzip_layer(
+            work / "extra.tar", work / "extra.tar.gz", "tini, entrypoint, runtime dirs"
+        )
+        layers = [zstd_layer(root, f"Debian sid root with Slurm {version}"), extra]
+        cfg = ImageConfig(
+            entrypoint=["/usr/bin/tini", "--", "/usr/local/bin/slurm-entrypoint"],
+            labels={
+                "org.opencontainers.image.title": "slurm",
+                "org.opencontainers.image.version": version,
+            },
+        )
+        archive = out_dir / "slurm.oci.tar"
+        digest = write_layout(archive, ref, cfg, layers)
+    image = BuiltImage("slurm", ref, archive, digest, sum(x.size for x in layers))
+    _record(image, key, out_dir)
+    log(f"slurm image: built {ref} in {time.monotonic() - t0:.1f}s ({image.size >> 20} MiB)")
+    return image
+
+
+def _run(argv: Sequence[str], what: str) -> None:
+    proc = subprocess.run(list(argv), check=False, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} failed ({proc.returncode}): {proc.stderr[-2000:]}")
+
+
+def _pip_in_root(root: Path, args: Sequence[str]) -> None:
+    """Run the root's own pip (from its bundled wheel) with the venv's Python, offline."""
+    wheels = sorted((root / "usr/share/python-wheels").glob("pip-*.whl"))
+    if not wheels:
+        raise RuntimeError("the Python root has no pip wheel (python3-venv missing?)")
+    pip = "/" + str(wheels[-1].relative_to(root)) + "/pip"
+    _run(
+        [
+            "chroot",
+            str(root),
+            f"{VENV}/bin/python",
+            pip,
+            "install",
+            "--no-index",
+            "--no-cache-dir",
+            "--disable-pip-version-check",
+            "--root-user-action=ignore",
+            *args,
+        ],
+        f"pip install {' '.join(args)}",
+    )
+
+
+def _pip(*args: str) -> list[str]:
+    return [sys.executable, "-m", "pip", "--disable-pip-version-check", *args]
+
+
+def _fetch_wheels(repo: Path, constraints: Path, dest: Path) -> tuple[Path, list[Path]]:
+    """The slinky wheel and the wheels of its dependencies at the constrained versions.
+
+    Dependencies come from a wheelhouse in the cache when it has them all (no index query),
+    else from the package index (through pip's own cache) into the wheelhouse.
+    """
+    _run(_pip("wheel", "-q", "--no-deps", "-w", str(dest), str(repo)), "building the wheel")
+    (wheel,) = dest.glob("slinky-*.whl")
+    house = images_dir() / "wheelhouse"
+    house.mkdir(parents=True, exist_ok=True)
+    fetch = [*_pip("download", "-q", "--only-binary=:all:", "-c", str(constraints)), str(wheel)]
+    offline = [*fetch, "--no-index", "--find-links", str(house), "-d", str(dest)]
+    if subprocess.run(offline, check=False, capture_output=True).returncode != 0:
+        _run([*fetch, "-d", str(house)], "downloading the pinned dependencies")
+        (house / wheel.name).unlink(missing_ok=True)  # the house keeps dependencies only
+        _run(offline, "collecting the pinned dependencies")
+    return wheel, sorted(p for p in dest.glob("*.whl") if p != wheel)
+
+
+def _deps_layer(root: Path, deps: Sequence[Path], base: str, out_dir: Path) -> Layer:
+    """The venv with the dependencies: reused while the base and the wheel set are the same.
+
+    Leaves the venv in `root` either way, so the slinky wheel can be installed on top.
+    """
+    key = inputs_key(
+        {"builder": BUILDER_VERSION, "base": base, "wheels": ",".join(p.name for p in deps)}
+    )
+    blob = out_dir / f"slinky-deps-{key[:16]}.tar.gz"
+    meta = blob.with_name(blob.name + ".json")
+    if blob.is_file() and meta.is_file():
+        _run(["tar", "-xzpf", str(blob), "-C", str(root)], "unpacking the cached deps layer")
+        return Layer(path=blob, **json.loads(meta.read_text()))
+    for old in out_dir.glob("slinky-deps-*"):
+        old.unlink()
+    _run(["chroot", str(root), "python3", "-m", "venv", "--without-pip", VENV], "creating the venv")
+    _pip_in_root(root, [f"/tmp/wheels/{p.name}" for p in deps])
+    tar = root.parent / "deps.tar"
+    write_tree_tar(tar, root, tree_snapshot(root, VENV))
+    layer = gzip_layer(tar, blob, f"venv {VENV} with {len(deps)} pinned dependencies")
+    tar.unlink()
+    fields = {k: v for k, v in layer.__dict__.items() if k != "path"}
+    meta.write_text(json.dumps(fields) + "\n")
+    return layer
+
+
+def _app_layer(root: Path, wheel: Path, work: Path) -> Layer:
+    """What installing the slinky wheel into the venv adds (its package, metadata, scripts)."""
+    before = tree_snapshot(root, VENV)
+    _pip_in_root(root, ["--no-deps", f"/tmp/wheels/{wheel.name}"])
+    write_tree_tar(work / "app.tar", root, changed_paths(before, tree_snapshot(root, VENV)))
+    return gzip_layer(work / "app.tar", work / "app.tar.gz", wheel.name)
+
+
+def build_slinky(out_dir: Path, log: Callable[[str], None]) -> BuiltImage:
+    pyroot = python_root_tarball()
+    if not pyroot.is_file():
+        raise ImagesNotBuilt(f"{pyroot} missing: run `make images`")
+    repo = repo_dir()
+    pyproject = repo / "pyproject.toml"
+    version = project_version(pyproject)
+    ref = f"{SLINKY_REPO}:{version}"
+    # The image gets the transitive versions the dev venv was tested with.
+    constraints = subprocess.run(
+        _pip("freeze", "--exclude-editable"), check=True, capture_output=True, text=True
+    ).stdout
+    base = file_fingerprint(pyroot)
+    key = inputs_key(
+        {
+            "builder": BUILDER_VERSION,
+            "base": base,
+            "constraints": constraints,
+            "pyproject": pyproject.read_text(),
+            "readme": (repo / "README.md").read_text(),
+            "src": tree_hash(repo / "src", _not_source),
+        }
+    )
+    if (hit := _cached("slinky", key, out_dir)) is not None:
+        log(f"slinky image: cached ({hit.ref})")
+        return hit
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        work = Path(tmp)
+        (work / "constraints.txt").write_text(constraints)
+        wheel, deps = _fetch_wheels(repo, work / "constraints.txt", work / "wheels")
+        root = work / "root"
+        root.mkdir()
+        _run(["tar", "--zstd", "-xpf", str(pyroot), "-C", str(root)], "unpacking the Python root")
+        shutil.copytree(work / "wheels", root / "tmp/wheels")
+        layers = [
+            zstd_layer(pyroot, "Debian bookworm root with python3 and tini"),
+            _deps_layer(root, deps, base, out_dir),
+            _app_layer(root, wheel, work),
+        ]
+        cfg = ImageConfig(
+            entrypoint=["/usr/bin/tini", "--"],
+            cmd=["slurm-operator"],
+            env=[f"PATH={VENV}/bin:{STANDARD_PATH}", "PYTHONUNBUFFERED=1"],
+            user=f"{SLINKY_UID}:{SLINKY_UID}",
+            labels={
+                "org.opencontainers.image.title": "slinky",
+                "org.opencontainers.image.version": version,
+            },
+        )
+        archive = out_dir / "slinky.oci.tar"
+        digest = write_layout(archive, ref, cfg, layers)
+    image = BuiltImage("slinky", ref, archive, digest, sum(x.size for x in layers))
+    _record(image, key, out_dir)
+    log(f"slinky image: built {ref} in {time.monotonic() - t0:.1f}s ({image.size >> 20} MiB)")
+    return image
+
+
+def build(log: Callable[[str], None] = print) -> list[BuiltImage]:
+    """Build (or find cached) every image and record them in `images.json`."""
+    out_dir = images_dir()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    images = [build_slurm(out_dir, log), build_slinky(out_dir, log)]
+    index = out_dir / "images.json"
+    tmp = index.with_name("images.json.tmp")
+    tmp.write_text(json.dumps({"images": [i.as_json() for i in images]}, indent=1) + "\n")
+    tmp.replace(index)
+    return images
+
+
+def built() -> list[BuiltImage]:
+    """The images `make images` built, as recorded in `images.json`."""
+    index = images_dir() / "images.json"
+    try:
+        data = json.loads(index.read_text())
+    except FileNotFoundError:
+        raise ImagesNotBuilt(f"{index} missing: run `make images`") from None
+    images = [
+        BuiltImage(d["name"], d["ref"], Path(d["archive"]), d["digest"], int(d["size"]))
+        for d in data["images"]
+    ]
+    for i in images:
+        if not i.archive.is_file():
+            raise ImagesNotBuilt(f"{i.archive} missing: run `make images`")
+    return images
+
+
+def ref(name: str) -> str:
+    """The full reference of a built image by short name (`slurm`, `slinky`)."""
+    for i in built():
+        if i.name == name:
+            return i.ref
+    raise KeyError(f"no image named {name!r} in images.json (have: slurm, slinky)")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m slinky_testbed.images")
+    p.add_argument("cmd", choices=["build", "list"])
+    args = p.parse_args(argv)
+    try:
+        images = build() if args.cmd == "build" else built()
+    except (ImagesNotBuilt, RuntimeError) as e:
+        sys.exit(f"images: {e}")
+    for i in images:
+        print(f"{i.ref}\t{i.archive}\t{i.digest}\t{i.size >> 20} MiB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,241 @@
+"""Image archives built without a registry: digests, layer tars, config, manifest, index."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from slinky_testbed import images
+from slinky_testbed.images import Entry, ImageConfig
+
+
+def sha(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def small_layer(tmp_path: Path, content: bytes = b"hello\n") -> images.Layer:
+    tar = tmp_path / "layer.tar"
+    images.write_entries_tar(
+        tar, [Entry("etc", 0o755), Entry("etc/greeting", 0o644, content, uid=7, gid=8)]
+    )
+    return images.gzip_layer(tar, tmp_path / "layer.tar.gz", "greeting")
+
+
+def test_gzip_layer_digest_is_of_the_blob_and_diff_id_of_the_uncompressed_tar(
+    tmp_path: Path,
+) -> None:
+    layer = small_layer(tmp_path)
+    blob = layer.path.read_bytes()
+    assert layer.media_type == "application/vnd.oci.image.layer.v1.tar+gzip"
+    assert layer.digest == sha(blob)
+    assert layer.size == len(blob)
+    assert layer.diff_id == sha(gzip.decompress(blob))
+    assert layer.diff_id == sha((tmp_path / "layer.tar").read_bytes())
+
+
+def test_layers_built_from_the_same_entries_have_the_same_digest(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    assert small_layer(tmp_path / "a").digest == small_layer(tmp_path / "b").digest
+    (tmp_path / "c").mkdir()
+    assert small_layer(tmp_path / "c", b"other\n").digest != small_layer(tmp_path / "a").digest
+
+
+def test_layer_entries_keep_modes_and_numeric_owners(tmp_path: Path) -> None:
+    layer = small_layer(tmp_path)
+    with tarfile.open(layer.path) as tar:
+        members = {m.name: m for m in tar.getmembers()}
+    assert members["etc"].isdir() and members["etc"].mode == 0o755
+    f = members["etc/greeting"]
+    assert (f.mode, f.uid, f.gid, f.uname, f.gname) == (0o644, 7, 8, "", "")
+
+
+@pytest.mark.skipif(shutil.which("zstd") is None, reason="needs the zstd command")
+def test_zstd_tarball_is_used_as_is_with_the_digest_of_its_decompressed_tar(
+    tmp_path: Path,
+) -> None:
+    tar = tmp_path / "root.tar"
+    images.write_entries_tar(tar, [Entry("bin", 0o755), Entry("bin/x", 0o755, b"#!/bin/sh\n")])
+    subprocess.run(["zstd", "-q", str(tar), "-o", str(tmp_path / "root.tar.zst")], check=True)
+    layer = images.zstd_layer(tmp_path / "root.tar.zst", "root")
+    assert layer.path == tmp_path / "root.tar.zst"
+    assert layer.media_type == "application/vnd.oci.image.layer.v1.tar+zstd"
+    assert layer.digest == sha((tmp_path / "root.tar.zst").read_bytes())
+    assert layer.diff_id == sha(tar.read_bytes())
+
+
+def test_config_carries_run_settings_and_diff_ids_in_layer_order(tmp_path: Path) -> None:
+    (tmp_path / "1").mkdir()
+    (tmp_path / "2").mkdir()
+    layers = [small_layer(tmp_path / "1"), small_layer(tmp_path / "2", b"x")]
+    cfg = ImageConfig(
+        entrypoint=["/usr/bin/tini", "--"],
+        cmd=["slurm-operator"],
+        env=["PATH=/opt/slinky/bin:/usr/bin", "PYTHONUNBUFFERED=1"],
+        working_dir="/work",
+        user="65532:65532",
+        labels={"org.opencontainers.image.version": "1"},
+    )
+    doc = images.config_document(cfg, layers)
+    assert (doc["architecture"], doc["os"]) == ("amd64", "linux")
+    assert doc["rootfs"] == {"type": "layers", "diff_ids": [x.diff_id for x in layers]}
+    assert doc["config"] == {
+        "Entrypoint": ["/usr/bin/tini", "--"],
+        "Cmd": ["slurm-operator"],
+        "Env": ["PATH=/opt/slinky/bin:/usr/bin", "PYTHONUNBUFFERED=1"],
+        "WorkingDir": "/work",
+        "User": "65532:65532",
+        "Labels": {"org.opencontainers.image.version": "1"},
+    }
+    assert len(doc["history"]) == len(layers)
+
+
+def test_config_leaves_out_unset_cmd_and_user() -> None:
+    doc = images.config_document(ImageConfig(entrypoint=["/e"]), [])
+    assert "Cmd" not in doc["config"] and "User" not in doc["config"]
+
+
+def test_manifest_names_config_and_layers_by_digest_size_and_media_type(tmp_path: Path) -> None:
+    layer = small_layer(tmp_path)
+    config = b'{"x":1}'
+    doc = images.manifest_document(config, [layer])
+    assert doc["schemaVersion"] == 2
+    assert doc["mediaType"] == "application/vnd.oci.image.manifest.v1+json"
+    assert doc["config"] == {
+        "mediaType": "application/vnd.oci.image.config.v1+json",
+        "digest": sha(config),
+        "size": len(config),
+    }
+    assert doc["layers"] == [
+        {"mediaType": layer.media_type, "digest": layer.digest, "size": layer.size}
+    ]
+
+
+def test_index_names_the_image_so_the_import_keeps_the_full_reference() -> None:
+    manifest = b'{"m":1}'
+    doc = images.index_document(manifest, "localhost/slinky/slurm:26.05")
+    (entry,) = doc["manifests"]
+    assert entry["digest"] == sha(manifest) and entry["size"] == len(manifest)
+    assert entry["platform"] == {"architecture": "amd64", "os": "linux"}
+    assert entry["annotations"] == {
+        "io.containerd.image.name": "localhost/slinky/slurm:26.05",
+        "org.opencontainers.image.ref.name": "localhost/slinky/slurm:26.05",
+    }
+
+
+@pytest.mark.parametrize(
+    "ref", ["slurm:26.05", "localhost/slinky/slurm", "localhost/Slinky/slurm:1", "x/y:"]
+)
+def test_references_that_are_not_host_path_tag_are_refused(ref: str) -> None:
+    with pytest.raises(ValueError, match="host/path:tag"):
+        images.check_ref(ref)
+
+
+def test_layout_archive_holds_every_blob_under_its_digest(tmp_path: Path) -> None:
+    layer = small_layer(tmp_path)
+    archive = tmp_path / "img.oci.tar"
+    digest = images.write_layout(
+        archive, "localhost/t/img:1", ImageConfig(entrypoint=["/bin/sh"]), [layer, layer]
+    )
+    with tarfile.open(archive) as tar:
+        files = {
+            m.name: f.read()
+            for m in tar.getmembers()
+            if m.isfile() and (f := tar.extractfile(m)) is not None
+        }
+    blobs = {n.removeprefix("blobs/sha256/"): d for n, d in files.items() if n.startswith("blobs/")}
+    for name, data in blobs.items():
+        assert hashlib.sha256(data).hexdigest() == name
+    assert json.loads(files["oci-layout"]) == {"imageLayoutVersion": "1.0.0"}
+    (entry,) = json.loads(files["index.json"])["manifests"]
+    assert entry["digest"] == digest
+    manifest = json.loads(blobs[digest.removeprefix("sha256:")])
+    config = json.loads(blobs[manifest["config"]["digest"].removeprefix("sha256:")])
+    assert config["rootfs"]["diff_ids"] == [layer.diff_id, layer.diff_id]
+    assert len(blobs) == 3  # manifest, config, and the layer once although listed twice
+    assert (
+        gzip.decompress(blobs[layer.digest.removeprefix("sha256:")])
+        == (tmp_path / "layer.tar").read_bytes()
+    )
+
+
+def test_an_upper_layer_holds_what_is_new_or_changed() -> None:
+    before = {"opt/v": (0o40755, 0, 1), "opt/v/a": (0o100644, 3, 1), "opt/v/b": (0o100644, 3, 1)}
+    after = {**before, "opt/v": (0o40755, 0, 2), "opt/v/b": (0o100644, 4, 2), "opt/v/c": (1, 1, 1)}
+    assert images.changed_paths(before, after) == ["opt/v", "opt/v/b", "opt/v/c"]
+
+
+def test_a_removed_file_is_refused_rather_than_silently_kept() -> None:
+    with pytest.raises(RuntimeError, match="opt/v/a"):
+        images.changed_paths({"opt/v/a": (0, 0, 0)}, {})
+
+
+def test_tree_snapshot_lists_the_tree_relative_to_the_root(tmp_path: Path) -> None:
+    (tmp_path / "opt/v/bin").mkdir(parents=True)
+    (tmp_path / "opt/v/bin/x").write_text("x")
+    (tmp_path / "opt/v/link").symlink_to("bin/x")
+    (tmp_path / "other").write_text("not listed")
+    assert sorted(images.tree_snapshot(tmp_path, "/opt/v")) == [
+        "opt/v",
+        "opt/v/bin",
+        "opt/v/bin/x",
+        "opt/v/link",
+    ]
+
+
+def test_slurm_tag_names_the_release_not_the_debian_revision() -> None:
+    assert images.slurm_tag("26.05.5-1") == "26.05"
+    with pytest.raises(ValueError, match="version"):
+        images.slurm_tag("weird")
+
+
+def test_dpkg_status_gives_installed_versions() -> None:
+    status = (
+        "Package: slurmd\nStatus: install ok installed\nVersion: 26.05.5-1\n"
+        "Description: x\n Version: not this\n\nPackage: other\nVersion: 1\n"
+    )
+    assert images.dpkg_versions(status, ["slurmd", "absent"]) == {"slurmd": "26.05.5-1"}
+
+
+def test_passwd_ids_by_user_name() -> None:
+    passwd = "root:x:0:0::/root:/bin/sh\nslurm:x:64030:64031::/nonexistent:/usr/sbin/nologin\n"
+    assert images.passwd_ids(passwd, "slurm") == (64030, 64031)
+    with pytest.raises(KeyError, match="restd"):
+        images.passwd_ids(passwd, "restd")
+
+
+def test_slurm_entrypoint_without_a_command_prints_usage() -> None:
+    proc = subprocess.run(
+        ["sh", "-c", images.SLURM_ENTRYPOINT, "slurm-entrypoint"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "usage: slurm-entrypoint" in proc.stderr
+
+
+def test_built_images_are_read_from_images_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLINKY_CACHE", str(tmp_path))
+    with pytest.raises(images.ImagesNotBuilt, match="make images"):
+        images.built()
+    (tmp_path / "images").mkdir()
+    archive = tmp_path / "images/slurm.oci.tar"
+    img = images.BuiltImage("slurm", "localhost/slinky/slurm:26.05", archive, "sha256:ab", 9)
+    (tmp_path / "images/images.json").write_text(json.dumps({"images": [img.as_json()]}))
+    with pytest.raises(images.ImagesNotBuilt, match=r"slurm\.oci\.tar"):
+        images.built()
+    archive.write_bytes(b"")
+    assert images.built() == [img]
+    assert images.ref("slurm") == "localhost/slinky/slurm:26.05"
+    with pytest.raises(KeyError, match="slinky"):
+        images.ref("slinky")
