@@ -11,7 +11,7 @@ TARBALL="$CACHE/python-root-$SUITE.tar.zst"
 PACKAGES="python3 python3-venv tini"
 # The image runs as this unprivileged user; a fixed uid lets pods say runAsNonRoot/runAsUser.
 USER_ID=65532
-STAMP="$SUITE|$PACKAGES|$USER_ID|v1"
+STAMP="$SUITE|$PACKAGES|$USER_ID|v2"
 
 if [ -f "$TARBALL" ] && [ "$(cat "$TARBALL.stamp" 2>/dev/null)" = "$STAMP" ]; then
   echo "python root: cached ($TARBALL)"
@@ -50,8 +50,9 @@ echo "python root: apt-get install $PACKAGES"
 chroot "$root" /usr/bin/env DEBIAN_FRONTEND=noninteractive sh -c \
   "apt-get update -qq && apt-get install -y -qq --no-install-recommends $PACKAGES && apt-get clean" \
   > "$CACHE/python-root-apt.log" 2>&1 || { tail -30 "$CACHE/python-root-apt.log" >&2; exit 1; }
-chroot "$root" sh -c "id slinky >/dev/null 2>&1 || useradd --system --uid $USER_ID --user-group \
-  --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin slinky"
+chroot "$root" sh -c "getent group slinky >/dev/null || groupadd --gid $USER_ID slinky
+  id slinky >/dev/null 2>&1 || useradd --uid $USER_ID --gid $USER_ID --no-create-home \
+    --home-dir /nonexistent --shell /usr/sbin/nologin slinky"
 
 for m in dev sys proc; do umount -l "$root/$m"; done
 # What a container image does not need: package indexes, docs, man pages, translations, logs,

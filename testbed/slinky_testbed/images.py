@@ -60,28 +60,6 @@ SLINKY_UID = 65532
 STANDARD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _CHUNK = 1 << 20
 
-SLURM_ENTRYPOINT = """\
-#!/bin/sh
-# Entrypoint of the Slurm image: prepare the runtime directories a Slurm daemon expects (a
-# volume mounted over one of them starts empty and root-owned), then run the given command.
-# tini (PID 1) reaps the slurmstepd processes slurmd leaves behind.
-set -eu
-if [ "$#" -eq 0 ]; then
-  echo "usage: slurm-entrypoint slurmd|slurmctld|slurmrestd|<command> [args...]" >&2
-  exit 2
-fi
-if [ "$(id -u)" = 0 ]; then
-  # Only change what differs: with a read-only root file system the image's dirs are right.
-  for d in /run/slurm /var/spool/slurmd /var/log/slurm /run/slurmctld /var/spool/slurmctld; do
-    [ -d "$d" ] || mkdir -p "$d"
-  done
-  for d in /run/slurmctld /var/spool/slurmctld; do
-    [ "$(stat -c %U "$d")" = slurm ] || chown slurm:slurm "$d"
-  done
-fi
-exec "$@"
-"""
-
 
 class ImagesNotBuilt(RuntimeError):
     """The image archives are missing: run `make images`."""
@@ -350,6 +328,16 @@ def repo_dir() -> Path:
     return paths.hack_dir().parent
 
 
+def slurm_entrypoint() -> Path:
+    """The Slurm image's entrypoint script (shared with images/slurm/Containerfile)."""
+    return repo_dir() / "images/slurm/slurm-entrypoint"
+
+
+def lock_file() -> Path:
+    """The Slinky image's locked dependency versions (shared with its Containerfile)."""
+    return repo_dir() / "images/slinky/requirements.lock"
+
+
 def file_fingerprint(path: Path) -> str:
     """Identity of a big cached input without reading it: its stamp, size and mtime."""
     st = path.stat()
@@ -472,7 +460,7 @@ def build_slurm(out_dir: Path, log: Callable[[str], None]) -> BuiltImage:
             "builder": BUILDER_VERSION,
             "root": file_fingerprint(root),
             "tini-from": file_fingerprint(pyroot),
-            "entrypoint": SLURM_ENTRYPOINT,
+            "entrypoint": slurm_entrypoint().read_text(),
         }
     )
     if (hit := _cached("slurm", key, out_dir)) is not None:
@@ -495,7 +483,7 @@ def build_slurm(out_dir: Path, log: Callable[[str], None]) -> BuiltImage:
             Entry("usr/bin/tini", 0o755, tini),
             Entry("usr/local", 0o755),
             Entry("usr/local/bin", 0o755),
-            Entry("usr/local/bin/slurm-entrypoint", 0o755, SLURM_ENTRYPOINT.encode()),
+            Entry("usr/local/bin/slurm-entrypoint", 0o755, slurm_entrypoint().read_bytes()),
             Entry("run", 0o755),
             Entry("run/slurm", 0o755),
             Entry("run/slurmctld", 0o755, uid=slurm_uid, gid=slurm_gid),
@@ -559,8 +547,31 @@ def _pip(*args: str) -> list[str]:
     return [sys.executable, "-m", "pip", "--disable-pip-version-check", *args]
 
 
-def _fetch_wheels(repo: Path, constraints: Path, dest: Path) -> tuple[Path, list[Path]]:
-    """The slinky wheel and the wheels of its dependencies at the constrained versions.
+def wheel_pin(filename: str) -> tuple[str, str]:
+    """(normalized name, version) of a wheel file name."""
+    parts = filename.removesuffix(".whl").split("-")
+    if len(parts) < 5:
+        raise ValueError(f"not a wheel file name: {filename!r}")
+    return re.sub(r"[-_.]+", "-", parts[0]).lower(), parts[1]
+
+
+def lock_text(wheels: Iterable[str]) -> str:
+    pins = sorted(wheel_pin(w) for w in wheels)
+    header = (
+        "# The Slinky image's dependencies at exact versions (pip constraints), for `make images`\n"
+        "# and images/slinky/Containerfile. Regenerate: python -m slinky_testbed.images lock\n"
+    )
+    return header + "".join(f"{n}=={v}\n" for n, v in pins)
+
+
+def unlocked(lock: str, wheels: Iterable[str]) -> list[str]:
+    """Wheels whose name and version the lock does not pin (the lock is out of date)."""
+    pinned = {tuple(line.split("==", 1)) for line in lock.splitlines() if "==" in line}
+    return sorted(w for w in wheels if wheel_pin(w) not in pinned)
+
+
+def _fetch_wheels(repo: Path, constraints: Path | None, dest: Path) -> tuple[Path, list[Path]]:
+    """The slinky wheel and the wheels of its dependencies (at the constrained versions).
 
     Dependencies come from a wheelhouse in the cache when it has them all (no index query),
     else from the package index (through pip's own cache) into the wheelhouse.
@@ -569,13 +580,27 @@ def _fetch_wheels(repo: Path, constraints: Path, dest: Path) -> tuple[Path, list
     (wheel,) = dest.glob("slinky-*.whl")
     house = images_dir() / "wheelhouse"
     house.mkdir(parents=True, exist_ok=True)
-    fetch = [*_pip("download", "-q", "--only-binary=:all:", "-c", str(constraints)), str(wheel)]
+    fetch = [*_pip("download", "-q", "--only-binary=:all:"), str(wheel)]
+    if constraints is not None:
+        fetch += ["-c", str(constraints)]
     offline = [*fetch, "--no-index", "--find-links", str(house), "-d", str(dest)]
     if subprocess.run(offline, check=False, capture_output=True).returncode != 0:
-        _run([*fetch, "-d", str(house)], "downloading the pinned dependencies")
+        _run([*fetch, "-d", str(house)], "downloading the dependencies (is the lock current?)")
         (house / wheel.name).unlink(missing_ok=True)  # the house keeps dependencies only
-        _run(offline, "collecting the pinned dependencies")
+        _run(offline, "collecting the dependencies")
     return wheel, sorted(p for p in dest.glob("*.whl") if p != wheel)
+
+
+def lock() -> Path:
+    """Write the lock from what the project's pins resolve to now (within the dev venv's)."""
+    frozen = subprocess.run(
+        _pip("freeze", "--exclude-editable"), check=True, capture_output=True, text=True
+    ).stdout
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "venv.txt").write_text(frozen)
+        _, deps = _fetch_wheels(repo_dir(), Path(tmp) / "venv.txt", Path(tmp) / "wheels")
+    lock_file().write_text(lock_text(p.name for p in deps))
+    return lock_file()
 
 
 def _deps_layer(root: Path, deps: Sequence[Path], base: str, out_dir: Path) -> Layer:
@@ -620,10 +645,7 @@ def build_slinky(out_dir: Path, log: Callable[[str], None]) -> BuiltImage:
     pyproject = repo / "pyproject.toml"
     version = project_version(pyproject)
     ref = f"{SLINKY_REPO}:{version}"
-    # The image gets the transitive versions the dev venv was tested with.
-    constraints = subprocess.run(
-        _pip("freeze", "--exclude-editable"), check=True, capture_output=True, text=True
-    ).stdout
+    constraints = lock_file().read_text()
     base = file_fingerprint(pyroot)
     key = inputs_key(
         {
@@ -643,6 +665,10 @@ def build_slinky(out_dir: Path, log: Callable[[str], None]) -> BuiltImage:
         work = Path(tmp)
         (work / "constraints.txt").write_text(constraints)
         wheel, deps = _fetch_wheels(repo, work / "constraints.txt", work / "wheels")
+        if stray := unlocked(constraints, (p.name for p in deps)):
+            raise RuntimeError(
+                f"{lock_file()} does not pin {stray}: run `python -m slinky_testbed.images lock`"
+            )
         root = work / "root"
         root.mkdir()
         _run(["tar", "--zstd", "-xpf", str(pyroot), "-C", str(root)], "unpacking the Python root")
@@ -709,8 +735,11 @@ def ref(name: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m slinky_testbed.images")
-    p.add_argument("cmd", choices=["build", "list"])
+    p.add_argument("cmd", choices=["build", "list", "lock"])
     args = p.parse_args(argv)
+    if args.cmd == "lock":
+        print(f"wrote {lock()}")
+        return
     try:
         images = build() if args.cmd == "build" else built()
     except (ImagesNotBuilt, RuntimeError) as e:

@@ -213,7 +213,7 @@ def test_passwd_ids_by_user_name() -> None:
 
 def test_slurm_entrypoint_without_a_command_prints_usage() -> None:
     proc = subprocess.run(
-        ["sh", "-c", images.SLURM_ENTRYPOINT, "slurm-entrypoint"],
+        ["sh", str(images.slurm_entrypoint())],
         capture_output=True,
         text=True,
         check=False,
@@ -239,3 +239,42 @@ def test_built_images_are_read_from_images_json(
     assert images.ref("slurm") == "localhost/slinky/slurm:26.05"
     with pytest.raises(KeyError, match="slinky"):
         images.ref("slinky")
+
+
+def test_wheel_file_names_give_normalized_pins() -> None:
+    assert images.wheel_pin("lightkube_models-1.36.3.8-py3-none-any.whl") == (
+        "lightkube-models",
+        "1.36.3.8",
+    )
+    assert images.wheel_pin("PyYAML-6.0.3-cp311-cp311-manylinux_2_17_x86_64.whl") == (
+        "pyyaml",
+        "6.0.3",
+    )
+    with pytest.raises(ValueError, match="wheel"):
+        images.wheel_pin("pyyaml-6.0.3.tar.gz")
+
+
+def test_lock_pins_every_wheel_and_spots_what_it_does_not_pin() -> None:
+    wheels = ["yarl-1.25.1-cp311-cp311-linux_x86_64.whl", "attrs-26.1.0-py3-none-any.whl"]
+    lock = images.lock_text(wheels)
+    assert [x for x in lock.splitlines() if not x.startswith("#")] == [
+        "attrs==26.1.0",
+        "yarl==1.25.1",
+    ]
+    assert images.unlocked(lock, wheels) == []
+    newer = ["attrs-26.2.0-py3-none-any.whl", "new_dep-1.0-py3-none-any.whl"]
+    assert images.unlocked(lock, newer) == newer
+
+
+def test_the_checked_in_lock_pins_the_project_dependencies_exactly() -> None:
+    import tomllib
+
+    lock = images.lock_file().read_text()
+    pinned = dict(line.split("==", 1) for line in lock.splitlines() if "==" in line)
+    project = tomllib.loads((images.repo_dir() / "pyproject.toml").read_text())["project"]
+    for dep in project["dependencies"]:
+        name, version = dep.split("==")
+        assert (
+            pinned[images.wheel_pin(f"{name.replace('-', '_')}-{version}-py3-none-any.whl")[0]]
+            == version
+        )
