@@ -28,6 +28,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -52,7 +53,7 @@ ANNOTATION_REF_NAME = "org.opencontainers.image.ref.name"
 ANNOTATION_CONTAINERD_NAME = "io.containerd.image.name"
 
 # Bump when the way images are assembled changes, so cached archives get rebuilt.
-BUILDER_VERSION = "2"
+BUILDER_VERSION = "3"
 SLURM_REPO = "localhost/slinky/slurm"
 SLINKY_REPO = "localhost/slinky/slinky"
 VENV = "/opt/slinky"
@@ -300,17 +301,6 @@ def tree_snapshot(root: Path, top: str) -> dict[str, tuple[int, int, int]]:
     return snap
 
 
-def changed_paths(
-    before: Mapping[str, tuple[int, int, int]], after: Mapping[str, tuple[int, int, int]]
-) -> list[str]:
-    """Paths new or changed between two snapshots (what an upper layer must hold)."""
-    removed = before.keys() - after.keys()
-    if removed:
-        # A layer would need whiteouts for these; installing a wheel never removes files.
-        raise RuntimeError(f"files removed, not expected: {sorted(removed)[:5]}")
-    return sorted(p for p, st in after.items() if before.get(p) != st)
-
-
 # ---------------------------------------------------------------------------------------------
 # Inputs and caching
 
@@ -498,7 +488,7 @@ def build_slurm(out_dir: Path, log: Callable[[str], None]) -> BuiltImage:
         extra = gzip_layer(
             work / "extra.tar", work / "extra.tar.gz", "tini, entrypoint, runtime dirs"
         )
-        layers = [zstd_layer(root, f"Debian sid root with Slurm {version}"), extra]
+        layers = [_cached_zstd_layer(root, f"Debian sid root with Slurm {version}", out_dir), extra]
         cfg = ImageConfig(
             entrypoint=["/usr/bin/tini", "--", "/usr/local/bin/slurm-entrypoint"],
             labels={
@@ -520,26 +510,15 @@ def _run(argv: Sequence[str], what: str) -> None:
         raise RuntimeError(f"{what} failed ({proc.returncode}): {proc.stderr[-2000:]}")
 
 
-def _pip_in_root(root: Path, args: Sequence[str]) -> None:
-    """Run the root's own pip (from its bundled wheel) with the venv's Python, offline."""
+def _root_pip(root: Path, *args: str) -> None:
+    """Run the root's own pip (from Debian's bundled wheel) with the venv's Python, offline."""
     wheels = sorted((root / "usr/share/python-wheels").glob("pip-*.whl"))
     if not wheels:
         raise RuntimeError("the Python root has no pip wheel (python3-venv missing?)")
     pip = "/" + str(wheels[-1].relative_to(root)) + "/pip"
     _run(
-        [
-            "chroot",
-            str(root),
-            f"{VENV}/bin/python",
-            pip,
-            "install",
-            "--no-index",
-            "--no-cache-dir",
-            "--disable-pip-version-check",
-            "--root-user-action=ignore",
-            *args,
-        ],
-        f"pip install {' '.join(args)}",
+        ["chroot", str(root), f"{VENV}/bin/python", pip, "--disable-pip-version-check", *args],
+        f"pip {' '.join(args)[:200]}",
     )
 
 
@@ -558,37 +537,59 @@ def wheel_pin(filename: str) -> tuple[str, str]:
 def lock_text(wheels: Iterable[str]) -> str:
     pins = sorted(wheel_pin(w) for w in wheels)
     header = (
-        "# The Slinky image's dependencies at exact versions (pip constraints), for `make images`\n"
-        "# and images/slinky/Containerfile. Regenerate: python -m slinky_testbed.images lock\n"
+        "# The Slinky image's dependencies at exact versions, for `make images` and\n"
+        "# images/slinky/Containerfile. Regenerate: python -m slinky_testbed.images lock\n"
     )
     return header + "".join(f"{n}=={v}\n" for n, v in pins)
 
 
-def unlocked(lock: str, wheels: Iterable[str]) -> list[str]:
-    """Wheels whose name and version the lock does not pin (the lock is out of date)."""
-    pinned = {tuple(line.split("==", 1)) for line in lock.splitlines() if "==" in line}
-    return sorted(w for w in wheels if wheel_pin(w) not in pinned)
-
-
-def _fetch_wheels(repo: Path, constraints: Path | None, dest: Path) -> tuple[Path, list[Path]]:
-    """The slinky wheel and the wheels of its dependencies (at the constrained versions).
-
-    Dependencies come from a wheelhouse in the cache when it has them all (no index query),
-    else from the package index (through pip's own cache) into the wheelhouse.
-    """
-    _run(_pip("wheel", "-q", "--no-deps", "-w", str(dest), str(repo)), "building the wheel")
-    (wheel,) = dest.glob("slinky-*.whl")
+def _fetch(args: Sequence[str], dest: Path) -> list[Path]:
+    """`pip download` of wheels into `dest`: from the cache's wheelhouse when it has them all
+    (no index query), else from the package index (through pip's own cache) into the house."""
     house = images_dir() / "wheelhouse"
     house.mkdir(parents=True, exist_ok=True)
-    fetch = [*_pip("download", "-q", "--only-binary=:all:"), str(wheel)]
-    if constraints is not None:
-        fetch += ["-c", str(constraints)]
+    fetch = _pip("download", "-q", "--only-binary=:all:", *args)
     offline = [*fetch, "--no-index", "--find-links", str(house), "-d", str(dest)]
     if subprocess.run(offline, check=False, capture_output=True).returncode != 0:
-        _run([*fetch, "-d", str(house)], "downloading the dependencies (is the lock current?)")
-        (house / wheel.name).unlink(missing_ok=True)  # the house keeps dependencies only
-        _run(offline, "collecting the dependencies")
-    return wheel, sorted(p for p in dest.glob("*.whl") if p != wheel)
+        _run([*fetch, "-d", str(house)], "downloading wheels (is the lock current?)")
+        for ours in house.glob("slinky-*.whl"):
+            ours.unlink()  # the house keeps dependencies only
+        _run(offline, "collecting wheels")
+    return sorted(dest.glob("*.whl"))
+
+
+def _build_env(pyproject: Path) -> Path:
+    """A venv with the build backend pinned in `build-system.requires`, kept in the cache so a
+    wheel build skips creating pip's isolated build environment every time."""
+    with pyproject.open("rb") as f:
+        requires = [str(r) for r in tomllib.load(f)["build-system"]["requires"]]
+    env = images_dir() / "build-env"
+    stamp = env / ".requires"
+    if not stamp.is_file() or stamp.read_text() != "\n".join(requires):
+        shutil.rmtree(env, ignore_errors=True)
+        _run([sys.executable, "-m", "venv", str(env)], "creating the build venv")
+        _run([str(env / "bin/python"), "-m", "pip", "install", "-q", *requires], "build backend")
+        stamp.write_text("\n".join(requires))
+    return env
+
+
+def build_wheel(repo: Path, dest: Path, work: Path) -> Path:
+    """The slinky wheel, built from a clean copy of the sources (a `build/` left in the
+    repository would otherwise put deleted modules back into the wheel)."""
+    src = work / "source"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(repo / name, src / name)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    shutil.copytree(repo / "src", src / "src", ignore=ignore)
+    env = _build_env(repo / "pyproject.toml")
+    pip = [str(env / "bin/python"), "-m", "pip", "--disable-pip-version-check"]
+    _run(
+        [*pip, "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(dest), str(src)],
+        "building the slinky wheel",
+    )
+    (wheel,) = dest.glob("slinky-*.whl")
+    return wheel
 
 
 def lock() -> Path:
@@ -597,43 +598,92 @@ def lock() -> Path:
         _pip("freeze", "--exclude-editable"), check=True, capture_output=True, text=True
     ).stdout
     with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "venv.txt").write_text(frozen)
-        _, deps = _fetch_wheels(repo_dir(), Path(tmp) / "venv.txt", Path(tmp) / "wheels")
-    lock_file().write_text(lock_text(p.name for p in deps))
+        work = Path(tmp)
+        (work / "venv.txt").write_text(frozen)
+        wheel = build_wheel(repo_dir(), work / "wheel", work)
+        deps = _fetch([str(wheel), "-c", str(work / "venv.txt")], work / "deps")
+        lock_file().write_text(lock_text(p.name for p in deps if p.name != wheel.name))
     return lock_file()
 
 
-def _deps_layer(root: Path, deps: Sequence[Path], base: str, out_dir: Path) -> Layer:
-    """The venv with the dependencies: reused while the base and the wheel set are the same.
-
-    Leaves the venv in `root` either way, so the slinky wheel can be installed on top.
-    """
-    key = inputs_key(
-        {"builder": BUILDER_VERSION, "base": base, "wheels": ",".join(p.name for p in deps)}
-    )
-    blob = out_dir / f"slinky-deps-{key[:16]}.tar.gz"
-    meta = blob.with_name(blob.name + ".json")
-    if blob.is_file() and meta.is_file():
-        _run(["tar", "-xzpf", str(blob), "-C", str(root)], "unpacking the cached deps layer")
-        return Layer(path=blob, **json.loads(meta.read_text()))
-    for old in out_dir.glob("slinky-deps-*"):
-        old.unlink()
-    _run(["chroot", str(root), "python3", "-m", "venv", "--without-pip", VENV], "creating the venv")
-    _pip_in_root(root, [f"/tmp/wheels/{p.name}" for p in deps])
-    tar = root.parent / "deps.tar"
-    write_tree_tar(tar, root, tree_snapshot(root, VENV))
-    layer = gzip_layer(tar, blob, f"venv {VENV} with {len(deps)} pinned dependencies")
-    tar.unlink()
+def _cached_zstd_layer(path: Path, comment: str, out_dir: Path) -> Layer:
+    """`zstd_layer`, remembered per tarball identity (decompressing to hash takes seconds)."""
+    meta = out_dir / f"{path.name}.layer.json"
+    ident = file_fingerprint(path)
+    try:
+        data = json.loads(meta.read_text())
+        if data.pop("ident") == ident:
+            return Layer(path=path, **data)
+    except (OSError, ValueError, KeyError):
+        pass
+    layer = zstd_layer(path, comment)
     fields = {k: v for k, v in layer.__dict__.items() if k != "path"}
-    meta.write_text(json.dumps(fields) + "\n")
+    meta.write_text(json.dumps({"ident": ident, **fields}) + "\n")
     return layer
 
 
-def _app_layer(root: Path, wheel: Path, work: Path) -> Layer:
-    """What installing the slinky wheel into the venv adds (its package, metadata, scripts)."""
-    before = tree_snapshot(root, VENV)
-    _pip_in_root(root, ["--no-deps", f"/tmp/wheels/{wheel.name}"])
-    write_tree_tar(work / "app.tar", root, changed_paths(before, tree_snapshot(root, VENV)))
+def _slinky_base(pyroot: Path, lock: str, out_dir: Path) -> tuple[Path, Layer]:
+    """The Python root with the locked dependencies in the venv, kept unpacked in the cache
+    (the lower layer the wheel gets installed over), and the layer holding that venv."""
+    key = inputs_key({"builder": BUILDER_VERSION, "base": file_fingerprint(pyroot), "lock": lock})
+    base = out_dir / "slinky-base"
+    done = out_dir / "slinky-base.key"
+    blob = out_dir / "slinky-deps.tar.gz"
+    meta = out_dir / "slinky-deps.json"
+    if done.is_file() and done.read_text() == key and blob.is_file() and meta.is_file():
+        return base, Layer(path=blob, **json.loads(meta.read_text()))
+    done.unlink(missing_ok=True)
+    shutil.rmtree(base, ignore_errors=True)
+    base.mkdir()
+    _run(["tar", "--zstd", "-xpf", str(pyroot), "-C", str(base)], "unpacking the Python root")
+    deps = _fetch(["--no-deps", "-r", str(lock_file())], base / "tmp/wheels")
+    _run(["chroot", str(base), "python3", "-m", "venv", "--without-pip", VENV], "creating the venv")
+    _root_pip(
+        base,
+        "install",
+        "--no-index",
+        "--no-deps",
+        "--root-user-action=ignore",
+        *(f"/tmp/wheels/{p.name}" for p in deps),
+    )
+    shutil.rmtree(base / "tmp/wheels")
+    tar = out_dir / "slinky-deps.tar"
+    write_tree_tar(tar, base, tree_snapshot(base, VENV))
+    layer = gzip_layer(tar, blob, f"venv {VENV} with {len(deps)} locked dependencies")
+    tar.unlink()
+    fields = {k: v for k, v in layer.__dict__.items() if k != "path"}
+    meta.write_text(json.dumps(fields) + "\n")
+    done.write_text(key)
+    return base, layer
+
+
+def _app_layer(base: Path, wheel: Path, work: Path) -> Layer:
+    """Install the wheel into the venv in an overlay over `base`: the overlay's upper
+    directory then holds exactly what the layer must (new and changed files)."""
+    upper, scratch, merged = work / "upper", work / "overlay-work", work / "merged"
+    for d in (upper, scratch, merged):
+        d.mkdir()
+    opts = f"lowerdir={base},upperdir={upper},workdir={scratch}"
+    _run(["mount", "-t", "overlay", "overlay", "-o", opts, str(merged)], "mounting an overlay")
+    try:
+        shutil.copy2(wheel, merged / "tmp" / wheel.name)
+        _root_pip(
+            merged,
+            "install",
+            "--no-index",
+            "--no-deps",
+            "--root-user-action=ignore",
+            f"/tmp/{wheel.name}",
+        )
+        # Every requirement of the wheel must be among the locked dependencies.
+        _root_pip(merged, "check")
+        (merged / "tmp" / wheel.name).unlink()
+    finally:
+        _run(["umount", str(merged)], "unmounting the overlay")
+    members = tree_snapshot(upper, VENV)
+    if whiteouts := [m for m, (mode, _, _) in members.items() if stat.S_ISCHR(mode)]:
+        raise RuntimeError(f"installing the wheel removed files: {whiteouts[:5]}")
+    write_tree_tar(work / "app.tar", upper, members)
     return gzip_layer(work / "app.tar", work / "app.tar.gz", wheel.name)
 
 
@@ -645,13 +695,12 @@ def build_slinky(out_dir: Path, log: Callable[[str], None]) -> BuiltImage:
     pyproject = repo / "pyproject.toml"
     version = project_version(pyproject)
     ref = f"{SLINKY_REPO}:{version}"
-    constraints = lock_file().read_text()
-    base = file_fingerprint(pyroot)
+    locked = lock_file().read_text()
     key = inputs_key(
         {
             "builder": BUILDER_VERSION,
-            "base": base,
-            "constraints": constraints,
+            "base": file_fingerprint(pyroot),
+            "lock": locked,
             "pyproject": pyproject.read_text(),
             "readme": (repo / "README.md").read_text(),
             "src": tree_hash(repo / "src", _not_source),
@@ -663,20 +712,12 @@ def build_slinky(out_dir: Path, log: Callable[[str], None]) -> BuiltImage:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         work = Path(tmp)
-        (work / "constraints.txt").write_text(constraints)
-        wheel, deps = _fetch_wheels(repo, work / "constraints.txt", work / "wheels")
-        if stray := unlocked(constraints, (p.name for p in deps)):
-            raise RuntimeError(
-                f"{lock_file()} does not pin {stray}: run `python -m slinky_testbed.images lock`"
-            )
-        root = work / "root"
-        root.mkdir()
-        _run(["tar", "--zstd", "-xpf", str(pyroot), "-C", str(root)], "unpacking the Python root")
-        shutil.copytree(work / "wheels", root / "tmp/wheels")
+        base, deps = _slinky_base(pyroot, locked, out_dir)
+        wheel = build_wheel(repo, work / "wheel", work)
         layers = [
-            zstd_layer(pyroot, "Debian bookworm root with python3 and tini"),
-            _deps_layer(root, deps, base, out_dir),
-            _app_layer(root, wheel, work),
+            _cached_zstd_layer(pyroot, "Debian bookworm root with python3 and tini", out_dir),
+            deps,
+            _app_layer(base, wheel, work),
         ]
         cfg = ImageConfig(
             entrypoint=["/usr/bin/tini", "--"],
@@ -698,6 +739,8 @@ def build_slinky(out_dir: Path, log: Callable[[str], None]) -> BuiltImage:
 
 def build(log: Callable[[str], None] = print) -> list[BuiltImage]:
     """Build (or find cached) every image and record them in `images.json`."""
+    if os.geteuid() != 0:
+        raise RuntimeError("building images needs root (tar keeps owners; chroot; overlay mount)")
     out_dir = images_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
     images = [build_slurm(out_dir, log), build_slinky(out_dir, log)]
