@@ -10,12 +10,14 @@ reference), so the import needs no `--base-name` and pods find it with
   it is as one zstd layer, plus a small layer with a static init (tini), an entrypoint that
   prepares the runtime directories and execs the daemon it is given, and those directories.
 - Slinky image: a Debian root with Python (`hack/build-python-root.sh`) as a zstd layer, a
-  layer with a venv holding the project's pinned dependencies, and a layer with the slinky
-  wheel (never the test bed package).
+  layer with a venv holding the dependencies locked in `images/slinky/requirements.lock`, and
+  a layer with the slinky wheel (never the test bed package), installed in an overlay over
+  the unpacked lower layers so the overlay's upper directory is exactly that layer.
 
 `make images` runs `python -m slinky_testbed.images build`; a stamp of the inputs' hashes
 makes a second run with unchanged inputs a no-op. `built()` tells the test bed what to import.
-This module uses only the standard library (plus the `zstd`, `tar` and `chroot` commands).
+This module uses only the standard library (plus the `zstd`, `tar`, `chroot` and `mount`
+commands; it needs root).
 """
 
 from __future__ import annotations
@@ -48,8 +50,8 @@ MEDIA_CONFIG = "application/vnd.oci.image.config.v1+json"
 MEDIA_LAYER_GZIP = "application/vnd.oci.image.layer.v1.tar+gzip"
 MEDIA_LAYER_ZSTD = "application/vnd.oci.image.layer.v1.tar+zstd"
 ANNOTATION_REF_NAME = "org.opencontainers.image.ref.name"
-# containerd's importer takes the name from this annotation as it is; from ref.name alone
-# `ctr images import` would prefix it with `import-<date>:`.
+# containerd's importer reads this annotation first; ctr 2.1 also takes a full reference from
+# ref.name alone (checked), but setting both names the image for any OCI-layout importer.
 ANNOTATION_CONTAINERD_NAME = "io.containerd.image.name"
 
 # Bump when the way images are assembled changes, so cached archives get rebuilt.
