@@ -23,6 +23,7 @@ commands; it needs root).
 from __future__ import annotations
 
 import argparse
+import fcntl
 import gzip
 import hashlib
 import io
@@ -745,11 +746,14 @@ def build(log: Callable[[str], None] = print) -> list[BuiltImage]:
         raise RuntimeError("building images needs root (tar keeps owners; chroot; overlay mount)")
     out_dir = images_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
-    images = [build_slurm(out_dir, log), build_slinky(out_dir, log)]
-    index = out_dir / "images.json"
-    tmp = index.with_name("images.json.tmp")
-    tmp.write_text(json.dumps({"images": [i.as_json() for i in images]}, indent=1) + "\n")
-    tmp.replace(index)
+    # Several worktrees share this cache: one build at a time (the others then find it cached).
+    with (out_dir / ".lock").open("w") as lock_fd:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        images = [build_slurm(out_dir, log), build_slinky(out_dir, log)]
+        index = out_dir / "images.json"
+        tmp = index.with_name("images.json.tmp")
+        tmp.write_text(json.dumps({"images": [i.as_json() for i in images]}, indent=1) + "\n")
+        tmp.replace(index)
     return images
 
 
