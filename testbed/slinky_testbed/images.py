@@ -38,6 +38,7 @@ import tarfile
 import tempfile
 import time
 import tomllib
+import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +57,7 @@ ANNOTATION_REF_NAME = "org.opencontainers.image.ref.name"
 ANNOTATION_CONTAINERD_NAME = "io.containerd.image.name"
 
 # Bump when the way images are assembled changes, so cached archives get rebuilt.
-BUILDER_VERSION = "3"
+BUILDER_VERSION = "4"
 SLURM_REPO = "localhost/slinky/slurm"
 SLINKY_REPO = "localhost/slinky/slinky"
 VENV = "/opt/slinky"
@@ -513,16 +514,24 @@ def _run(argv: Sequence[str], what: str) -> None:
         raise RuntimeError(f"{what} failed ({proc.returncode}): {proc.stderr[-2000:]}")
 
 
-def _root_pip(root: Path, *args: str) -> None:
-    """Run the root's own pip (from Debian's bundled wheel) with the venv's Python, offline."""
+# Where the base gets Debian's bundled pip unpacked and compiled: outside the venv, so in no
+# layer. Run from its zip, pip recompiles all its modules on every start (tens of seconds).
+BUILD_PIP = "/opt/build-pip"
+
+
+def _unpack_root_pip(root: Path) -> None:
     wheels = sorted((root / "usr/share/python-wheels").glob("pip-*.whl"))
     if not wheels:
         raise RuntimeError("the Python root has no pip wheel (python3-venv missing?)")
-    pip = "/" + str(wheels[-1].relative_to(root)) + "/pip"
-    _run(
-        ["chroot", str(root), f"{VENV}/bin/python", pip, "--disable-pip-version-check", *args],
-        f"pip {' '.join(args)[:200]}",
-    )
+    with zipfile.ZipFile(wheels[-1]) as whl:
+        whl.extractall(root / BUILD_PIP.lstrip("/"))
+    _run(["chroot", str(root), "python3", "-m", "compileall", "-q", BUILD_PIP], "compiling pip")
+
+
+def _root_pip(root: Path, *args: str) -> None:
+    """Run the root's own pip (Debian's bundled one) with the venv's Python, offline."""
+    python = ["chroot", str(root), "env", f"PYTHONPATH={BUILD_PIP}", f"{VENV}/bin/python"]
+    _run([*python, "-m", "pip", "--disable-pip-version-check", *args], f"pip {args[0]}")
 
 
 def _pip(*args: str) -> list[str]:
@@ -641,6 +650,7 @@ def _slinky_base(pyroot: Path, lock: str, out_dir: Path) -> tuple[Path, Layer]:
     _run(["tar", "--zstd", "-xpf", str(pyroot), "-C", str(base)], "unpacking the Python root")
     deps = _fetch(["--no-deps", "-r", str(lock_file())], base / "tmp/wheels")
     _run(["chroot", str(base), "python3", "-m", "venv", "--without-pip", VENV], "creating the venv")
+    _unpack_root_pip(base)
     _root_pip(
         base,
         "install",
