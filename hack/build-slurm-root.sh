@@ -53,8 +53,12 @@ chmod +x "$root/usr/sbin/policy-rc.d"
 cp /etc/hosts "$root/etc/hosts"
 cp /etc/resolv.conf "$root/etc/resolv.conf" 2>/dev/null || true
 mount -t proc proc "$root/proc"
+# rslave: on a host whose / is shared (systemd), unmounting $root/dev/pts in cleanup would
+# otherwise propagate to the host and unmount its /dev/pts.
 mount --rbind /sys "$root/sys"
+mount --make-rslave "$root/sys"
 mount --rbind /dev "$root/dev"
+mount --make-rslave "$root/dev"
 
 echo "slurm root: apt-get install $PACKAGES"
 chroot "$root" /usr/bin/env DEBIAN_FRONTEND=noninteractive sh -c \
