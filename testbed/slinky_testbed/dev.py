@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from slinky_testbed import paths, procs
+from slinky_testbed import dev_bridge, paths, procs
 from slinky_testbed.bed import Testbed
 
 NAMESPACE = "slurm"
@@ -148,6 +148,7 @@ Slinky dev environment is up ({bed.dir}).
   .venv/bin/slinky testbed --dir {bed.dir} slurm squeue
 
 Stop everything with `make dev-down`.""")
+    dev_bridge.setup(bed)
 
 
 if __name__ == "__main__":

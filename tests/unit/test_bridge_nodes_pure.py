@@ -135,14 +135,25 @@ def test_nodes_that_cannot_be_registered_say_why(node: JSON, reason: str) -> Non
     assert err.value.reason == reason
 
 
-def test_what_a_change_needs() -> None:
+def test_any_change_means_a_new_slurm_node() -> None:
     reg = registration.desired(knode(), "p")
     same = snode(features=["p"], address="10.0.0.5")
-    assert not reg.needs_new_node(same) and not reg.features_differ(same)
-    assert reg.features_differ(snode(features=["q"], address="10.0.0.5"))
+    assert not reg.needs_new_node(same)
+    assert reg.needs_new_node(snode(features=["q"], address="10.0.0.5"))
     assert reg.needs_new_node(snode(cpus=4, features=["p"]))
     assert reg.needs_new_node(snode(real_memory=1, features=["p"]))
     assert reg.needs_new_node(snode(address="10.0.0.6", features=["p"]))
+
+
+def test_an_interrupted_registration_is_adopted_only_when_it_matches() -> None:
+    reg = registration.desired(knode(), "p")
+    external = NodeState.parse(["IDLE", "EXTERNAL"])
+    assert reg.adoptable(snode(state=external, features=["p"], address="10.0.0.5"))
+    assert not reg.adoptable(snode(features=["p"], address="10.0.0.5"))  # a real slurmd
+    assert not reg.adoptable(
+        snode(state=external, features=["p"], address="10.0.0.5", comment="admin's")
+    )
+    assert not reg.adoptable(snode(state=external, features=["p"], cpus=2))
 
 
 TAINT = {"key": "slinky.slurm.net/managed-node", "value": "sched", "effect": "NoExecute"}

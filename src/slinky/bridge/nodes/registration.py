@@ -128,16 +128,25 @@ class Registration:
         return owner_comment(self.kube_node)
 
     def needs_new_node(self, current: Node) -> bool:
-        """CPUs, memory and address are fixed when a Slurm node is created: a change means
-        removing and creating the node again."""
+        """CPUs, memory and address are fixed when a Slurm node is created, and slurmctld
+        places a node in NodeSet partitions only then (a later feature change does not move
+        it): any difference means removing the node and creating it again."""
         return (
             current.cpus != self.cpus
             or current.real_memory != self.real_memory
             or (bool(current.address) and current.address != self.address)
+            or sorted(current.features) != sorted(self.features)
         )
 
-    def features_differ(self, current: Node) -> bool:
-        return sorted(current.features) != sorted(self.features)
+    def adoptable(self, current: Node) -> bool:
+        """An unmarked EXTERNAL node that is exactly what the bridge would register: a
+        registration interrupted between creating the node and marking it (slurmctld takes
+        no comment in `POST /new/node/`), finished by marking it now."""
+        return (
+            not current.comment
+            and current.state.has("EXTERNAL")
+            and not self.needs_new_node(current)
+        )
 
 
 def desired(node: JSON, default_partition: str) -> Registration:

@@ -10,7 +10,7 @@ import logging
 
 from slinky.bridge.connection import SlurmConnection
 from slinky.bridge.labels import REASON_PREFIX
-from slinky.bridge.nodes.registration import Registration
+from slinky.bridge.nodes.registration import Registration, registered_for
 from slinky.slurm import errors
 from slinky.slurm.models import Node
 
@@ -25,11 +25,23 @@ def cached(conn: SlurmConnection, name: str) -> Node | None:
     return conn.informer.nodes.get(name)
 
 
+async def live(conn: SlurmConnection, name: str) -> Node | None:
+    """The node as slurmctld has it now (the cache may lag a create or delete of ours)."""
+    try:
+        return await conn.client.get_node(name)
+    except errors.SlurmNotFound:
+        return None
+
+
 async def drain(conn: SlurmConnection, name: str, reason: str) -> bool:
-    """Drain unless already drained (whoever drained it keeps their reason).
-    True when a drain was requested now."""
-    node = cached(conn, name)
-    if node is not None and node.state.is_drain:
+    """Drain unless already drained (whoever drained it keeps their reason). Decided on the
+    live node: the cache may not show an admin's drain of a moment ago. True when a drain
+    was requested now."""
+    cached_node = cached(conn, name)
+    if cached_node is not None and cached_node.state.is_drain:
+        return False
+    node = await live(conn, name)
+    if node is None or node.state.is_drain:
         return False
     try:
         await conn.client.drain_node(name, reason)
@@ -40,8 +52,12 @@ async def drain(conn: SlurmConnection, name: str, reason: str) -> bool:
 
 
 async def undrain(conn: SlurmConnection, name: str) -> bool:
-    """Undo a drain the bridge made; an admin's drain is never touched."""
-    node = cached(conn, name)
+    """Undo a drain the bridge made; an admin's drain is never touched (checked on the live
+    node, in case an admin re-drained it since the cache was filled)."""
+    cached_node = cached(conn, name)
+    if cached_node is None or not cached_node.state.is_drain:
+        return False
+    node = await live(conn, name)
     if node is None or not node.state.is_drain or not is_bridge_reason(node.reason):
         return False
     try:
@@ -89,18 +105,16 @@ async def register(conn: SlurmConnection, reg: Registration) -> None:
         await conn.client.create_node(reg.node_conf())
     except errors.SlurmError as create_error:
         # A create that reached slurmctld but whose answer was lost looks like this too:
-        # if the node is there now, the create did its job.
-        try:
-            await conn.client.get_node(reg.name)
-        except errors.SlurmNotFound:
+        # if the node is there now and is what we asked for, the create did its job.
+        node = await live(conn, reg.name)
+        if node is None or not (registered_for(node) == reg.kube_node or reg.adoptable(node)):
             raise create_error from None
+    await mark(conn, reg)
+
+
+async def mark(conn: SlurmConnection, reg: Registration) -> None:
+    """Mark a Slurm node as registered by the bridge for `reg.kube_node`."""
     await conn.client.update_node(reg.name, comment=reg.comment())
-    conn.informer.poke()
-
-
-async def set_features(conn: SlurmConnection, reg: Registration) -> None:
-    features = list(reg.features)
-    await conn.client.update_node(reg.name, features=features, extra={"features_act": features})
     conn.informer.poke()
 
 

@@ -4,7 +4,8 @@
                         that node and delete it once no job runs there;
 2. `sync_registration` — labelled `external-node`: register it in Slurm (EXTERNAL, NodeAddr,
                         CPUs, RealMemory, partitions as features, each partition checked
-                        first) or apply a change; label removed: drain, then delete;
+                        first); a change is applied by draining, deleting once idle and
+                        registering again; label removed: drain, then delete once idle;
 3. `sync_taint`       — the managed-node taint on exactly the nodes Slurm knows;
 4. `sync_cordon`      — a cordoned node drains its Slurm node (reason `slurm-bridge: ...`);
                         uncordoning undrains only drains the bridge made.
@@ -16,6 +17,7 @@ not know and that is not labelled costs no Slurm request at all.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from slinky.bridge.config import BridgeConfig
@@ -36,6 +38,9 @@ JSON = dict[str, Any]
 DRAIN_RECHECK_S = 10.0
 # A partition that does not exist yet may be created by an admin: look again this often.
 PROBLEM_RECHECK_S = 30.0
+# How long a node the bridge created may be missing from the Slurm informer's cache before
+# the bridge believes the cache (a few polls).
+CREATED_GRACE_S = 10.0
 
 
 class NodeSync:
@@ -57,6 +62,9 @@ class NodeSync:
         # (kept current from Slurm events by the controller).
         self.registered = registered
         self.recorder = recorder
+        # Slurm node name -> when the bridge created it; until the Slurm informer has seen
+        # the new node, a reconcile must not take its absence from the cache for "missing".
+        self.created: dict[str, float] = {}
 
     async def reconcile(self, key: str) -> Result:
         node = self.nodes.store.get(key)
@@ -66,10 +74,9 @@ class NodeSync:
         if result is not None:
             return result
         slurm_node = slurmcontrol.cached(self.slurm, registration.slurm_name(node))
-        await self.sync_taint(node, managed=slurm_node is not None)
         if slurm_node is not None:
             await self.sync_cordon(node, slurm_node)
-        return DONE
+        return await self.sync_taint(node, managed=slurm_node is not None)
 
     # ------------------------------------------------------------ 1. deleted Nodes
 
@@ -115,22 +122,33 @@ class NodeSync:
                     slurm_name, f"Kubernetes node {name} is no longer an external node", node
                 )
             return None
-        if current is not None and not ours:
-            return None  # a real slurmd (or an admin) already made this node; it is managed
         try:
             want = registration.desired(node, self.config.partition)
         except RegistrationProblem as p:
+            if current is not None and not ours:
+                return None  # someone else's Slurm node: nothing for the bridge to register
             self.recorder.event(node, events.WARNING, p.reason, p.message)
             return Result(requeue_after=PROBLEM_RECHECK_S)
         if current is None:
+            created = self.created.get(want.name)
+            if created is not None and time.monotonic() - created < CREATED_GRACE_S:
+                return Result(requeue_after=self.config.slurm_poll_interval)
             return await self.register(node, want)
+        self.created.pop(want.name, None)
+        if not ours:
+            # A real slurmd (or an admin) made this node: it is managed, but not ours to
+            # register or remove; unless it is our own interrupted registration.
+            if want.adoptable(current):
+                await slurmcontrol.mark(self.slurm, want)
+                log.info("slurm node %s: marked as registered for node %s", want.name, name)
+            return None
         if want.needs_new_node(current):
-            return await self.reregister(node, want, current)
-        if want.features_differ(current):
-            if await self.partitions_missing(node, want):
-                return Result(requeue_after=PROBLEM_RECHECK_S)
-            await slurmcontrol.set_features(self.slurm, want)
-            log.info("slurm node %s: features now %s", want.name, ",".join(want.features))
+            fresh = await slurmcontrol.live(self.slurm, want.name)
+            if fresh is None:
+                return await self.register(node, want)
+            if want.needs_new_node(fresh):
+                return await self.reregister(node, want, fresh)
+            self.slurm.informer.poke()  # already done; the cache has not caught up yet
         return None
 
     async def partitions_missing(self, node: JSON, want: Registration) -> bool:
@@ -149,6 +167,7 @@ class NodeSync:
         if await self.partitions_missing(node, want):
             return Result(requeue_after=PROBLEM_RECHECK_S)
         await slurmcontrol.register(self.slurm, want)
+        self.created[want.name] = time.monotonic()
         log.info("slurm node %s: registered: %s", want.name, want.node_conf())
         self.recorder.event(
             node, events.NORMAL, "Registered", f"registered in Slurm: {want.node_conf()}"
@@ -161,8 +180,12 @@ class NodeSync:
         idle, and create it again."""
         why = (
             f"Kubernetes node {want.kube_node} changed (CPUs {current.cpus}->{want.cpus}, "
-            f"memory {current.real_memory}->{want.real_memory} MiB); registering it again"
+            f"memory {current.real_memory}->{want.real_memory} MiB, partitions "
+            f"{','.join(current.features) or '-'}->{','.join(want.features) or '-'}); "
+            "registering it again"
         )
+        if await self.partitions_missing(node, want):
+            return Result(requeue_after=PROBLEM_RECHECK_S)
         result = await self.deregister(want.name, why, None)
         if result != DONE:
             return result
@@ -170,7 +193,7 @@ class NodeSync:
 
     # ------------------------------------------------------------ 3. taint
 
-    async def sync_taint(self, node: JSON, *, managed: bool) -> None:
+    async def sync_taint(self, node: JSON, *, managed: bool) -> Result:
         wanted = taints.wanted_taints(
             node,
             managed=managed,
@@ -178,16 +201,26 @@ class NodeSync:
             policy=self.config.managed_node_taint,
         )
         if wanted is None:
-            return
+            return DONE
         meta = node["metadata"]
         # The resourceVersion makes this a compare-and-swap: a concurrent change of the taint
-        # list (the kubelet's, an admin's) answers 409 and the reconcile is retried.
-        await self.kube.patch(
-            rest.NODES,
-            meta["name"],
-            {"metadata": {"resourceVersion": meta["resourceVersion"]}, "spec": {"taints": wanted}},
-        )
+        # list (the node lifecycle controller's, an admin's) answers 409, and the reconcile
+        # runs again on the newer Node.
+        try:
+            await self.kube.patch(
+                rest.NODES,
+                meta["name"],
+                {
+                    "metadata": {"resourceVersion": meta["resourceVersion"]},
+                    "spec": {"taints": wanted},
+                },
+            )
+        except rest.ApiError as e:
+            if e.conflict:
+                return Result(requeue=True)
+            raise
         log.info("node %s: managed-node taint %s", meta["name"], "set" if managed else "removed")
+        return DONE
 
     # ------------------------------------------------------------ 4. cordon <-> drain
 
