@@ -20,7 +20,7 @@ from slinky_testbed import dev_bridge, paths, procs
 from slinky_testbed.bed import Testbed
 
 NAMESPACE = "slurm"
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def kubectl(bed: Testbed, *args: str, stdin: str | None = None) -> str:

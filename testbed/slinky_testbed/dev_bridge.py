@@ -86,6 +86,15 @@ def bridge_nodes(kubectl: Kubectl) -> list[str]:
     return []
 
 
+def give_internal_ip(kubectl: Kubectl, node: str) -> None:
+    """kwok nodes report no address, and Slurm needs a NodeAddr: give them loopback (Slurm
+    never contacts an EXTERNAL node, so nothing is sent there)."""
+    if kubectl("get", "node", node, "-o", "jsonpath={.status.addresses}").strip():
+        return
+    patch = '{"status":{"addresses":[{"type":"InternalIP","address":"127.0.0.1"}]}}'
+    kubectl("patch", "node", node, "--subresource=status", "--type=merge", "-p", patch)
+
+
 def setup(bed: Testbed) -> None:
     """Bring the dev bridge up (or keep it) and print how to watch it."""
     kubectl = kubectl_for(bed)
@@ -120,6 +129,7 @@ def setup(bed: Testbed) -> None:
     kubectl("apply", "--server-side", "--field-manager=slinky-dev", "-f", "-", stdin=webhooks)
     nodes = bridge_nodes(kubectl)
     for node in nodes:
+        give_internal_ip(kubectl, node)
         kubectl("label", "--overwrite", "node", node, f"{EXTERNAL_NODE_LABEL}=true")
     k = paths.bin_dir() / "kubectl"
     print(f"""
