@@ -6,15 +6,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import jwt
 import pytest
 
 from slinky.bridge.config import (
     DEFAULT_SCHEDULER_NAME,
     BridgeConfig,
     ConfigError,
+    SlurmAuth,
     load_config,
     parse_config,
 )
+from slinky.bridge.connection import token_provider
+from slinky.slurm.tokens import MintedToken, StaticToken, TokenFile
 
 
 def refused(data: Any) -> ConfigError:
@@ -154,3 +158,24 @@ def test_load_config_reports_yaml_and_missing_files(tmp_path: Path) -> None:
     assert isinstance(config, BridgeConfig)
     assert config.partition == "p1"
     assert not config.managed_node_taint.enabled
+
+
+async def test_token_sources_become_providers(tmp_path: Path) -> None:
+    token = jwt.encode({"sun": "alice"}, "k" * 32, "HS256")
+    path = tmp_path / "token"
+    path.write_text(token + "\n")
+    by_file = token_provider(SlurmAuth(token_file=path))
+    assert isinstance(by_file, TokenFile) and by_file.user == "alice"
+    assert await by_file.token() == token
+    path.write_text("rotated-token-longer\n")
+    assert await by_file.token() == "rotated-token-longer"  # re-read on change
+
+    key = tmp_path / "key"
+    key.write_bytes(b"k" * 32)
+    minted = token_provider(SlurmAuth(jwt_key_file=key, user="root", token_lifetime=60))
+    assert isinstance(minted, MintedToken) and minted.user == "root"
+    claims = jwt.decode(await minted.token(), b"k" * 32, algorithms=["HS256"])
+    assert claims["sun"] == "root" and claims["exp"] - claims["iat"] == 60
+
+    static = token_provider(SlurmAuth(static_token=token))
+    assert isinstance(static, StaticToken) and static.user == "alice"

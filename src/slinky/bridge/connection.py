@@ -14,6 +14,9 @@ from slinky.slurm.informer import SlurmInformer
 from slinky.slurm.tokens import MintedToken, StaticToken, TokenFile, TokenProvider
 
 DEFAULT_USER = "slurm"
+# slurmctld does not advance `update_time` when a node is deleted (by an admin, say), so
+# only a full list shows it: list everything this often (a few ms for hundreds of nodes).
+RESYNC_S = 10.0
 
 
 def _user_of(token: str, configured: str | None) -> str:
@@ -57,7 +60,9 @@ class SlurmConnection:
                 f"(or the SLURM_JWT environment variable)",
             )
         client = SlurmClient(config.slurm_rest_api, token_provider(config.slurm_auth))
-        informer = SlurmInformer(client, poll_interval=config.slurm_poll_interval)
+        informer = SlurmInformer(
+            client, poll_interval=config.slurm_poll_interval, resync_interval=RESYNC_S
+        )
         return cls(client, informer)
 
     async def close(self) -> None:

@@ -95,7 +95,7 @@ async def remove_when_drained(conn: SlurmConnection, name: str) -> bool:
         return True
     except errors.SlurmNodeBusy:
         return False
-    conn.informer.poke()
+    conn.informer.poke(full=True)
     return True
 
 
