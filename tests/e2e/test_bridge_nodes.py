@@ -113,7 +113,13 @@ async def test_capacity_and_partition_changes_are_applied(bridge: BridgeEnv) -> 
     await wait_slurm_node(
         env,
         name,
-        lambda n: n is not None and n.cpus == 2 and n.real_memory == 4096 and not n.state.is_drain,
+        lambda n: (
+            n is not None
+            and n.cpus == 2
+            and n.real_memory == 4096
+            and not n.state.is_drain
+            and registered_for(n) == name
+        ),
         f"slurm node {name} registered again with 2 CPUs and 4096 MiB",
     )
     await env.kube.patch(
@@ -121,13 +127,16 @@ async def test_capacity_and_partition_changes_are_applied(bridge: BridgeEnv) -> 
         name,
         {"metadata": {"annotations": {EXTERNAL_NODE_PARTITIONS: "slurm-bridge,all"}}},
     )
-    node = await wait_slurm_node(
+    await wait_slurm_node(
         env,
         name,
-        lambda n: n is not None and sorted(n.features) == ["all", "slurm-bridge"],
-        f"slurm node {name} with features slurm-bridge,all",
+        lambda n: (
+            n is not None
+            and sorted(n.features) == ["all", "slurm-bridge"]
+            and registered_for(n) == name
+        ),
+        f"slurm node {name} registered again with features slurm-bridge,all",
     )
-    assert node is not None and registered_for(node) == name
 
 
 async def test_unlabelling_drains_then_removes_once_the_placeholder_job_ends(

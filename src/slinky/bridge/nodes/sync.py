@@ -90,9 +90,9 @@ class NodeSync:
         except rest.ApiError as e:
             if not e.not_found:
                 raise
-        return await self.deregister(slurm_name, f"Kubernetes node {name} was deleted", None)
+        return await self.deregister(slurm_name, why=f"Kubernetes node {name} was deleted")
 
-    async def deregister(self, slurm_name: str, why: str, node: JSON | None) -> Result:
+    async def deregister(self, slurm_name: str, *, why: str, node: JSON | None = None) -> Result:
         """Drain, then delete once no job runs there (the job ends on its own terms)."""
         if slurmcontrol.cached(self.slurm, slurm_name) is None:
             return DONE
@@ -119,7 +119,9 @@ class NodeSync:
         if not registration.wants_external(node):
             if ours:
                 return await self.deregister(
-                    slurm_name, f"Kubernetes node {name} is no longer an external node", node
+                    slurm_name,
+                    why=f"Kubernetes node {name} is no longer an external node",
+                    node=node,
                 )
             return None
         try:
@@ -186,7 +188,7 @@ class NodeSync:
         )
         if await self.partitions_missing(node, want):
             return Result(requeue_after=PROBLEM_RECHECK_S)
-        result = await self.deregister(want.name, why, None)
+        result = await self.deregister(want.name, why=why)
         if result != DONE:
             return result
         return await self.register(node, want) or DONE
