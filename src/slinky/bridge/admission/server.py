@@ -51,17 +51,37 @@ IsManaged = Callable[[str], Awaitable[bool]]
 
 
 class ServingCertificate(BackgroundLoop):
-    """An SSLContext whose certificate follows the files on disk."""
+    """An SSLContext whose certificate follows the files on disk.
+
+    A changed pair is loaded into a fresh context and served only once it loaded whole: loading
+    into the live context would leave it with the new certificate and no matching key after a
+    failed load (a half-written rotation, a wrong key), and every handshake would fail while
+    the apiserver, with failurePolicy Fail, refuses every pod of the managed namespaces. The
+    serving context's SNI callback, which OpenSSL calls on every handshake (with or without a
+    server name), hands each connection the newest good context.
+    """
 
     def __init__(self, cert: Path, key: Path, *, interval: float = 1.0) -> None:
         self.cert = cert
         self.key = key
         self.interval = interval
-        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
         self.loads = 0
         self._stamp = self._stat()
-        self.context.load_cert_chain(self.cert, self.key)  # a bad pair fails start-up
+        self.context = self._load()  # a bad pair fails start-up
+        self.context.sni_callback = self._pick_current
+        self._current = self.context
+
+    def _load(self) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(self.cert, self.key)
+        return context
+
+    def _pick_current(
+        self, conn: ssl.SSLObject | ssl.SSLSocket, _server_name: str | None, _ctx: ssl.SSLContext
+    ) -> None:
+        if conn.context is not self._current:
+            conn.context = self._current
 
     def _stat(self) -> tuple[tuple[int, int, int], ...]:
         out = []
@@ -78,13 +98,13 @@ class ServingCertificate(BackgroundLoop):
             stamp = self._stat()
             if stamp == self._stamp:
                 return False
-            # Loading into the live context: handshakes from now on use the new pair.
-            self.context.load_cert_chain(self.cert, self.key)
+            fresh = self._load()
         except (OSError, ssl.SSLError) as e:
             log.warning(
                 "webhook certificate %s not reloaded (keeping the old one): %s", self.cert, e
             )
             return False
+        self._current = fresh
         self._stamp = stamp
         self.loads += 1
         log.info("webhook certificate %s reloaded", self.cert)
@@ -116,13 +136,19 @@ class AdmissionHandlers:
         self.is_managed = is_managed
 
     async def _review(self, request: web.Request) -> JSON | None:
+        """The review's `request`, or None when the body is not one the rules can read (the
+        apiserver never sends such a body; anyone else gets a 400, not a 500)."""
         try:
             body = await request.json()
-            req = body["request"]
-            str(req["uid"])
-        except (ValueError, KeyError, TypeError):
+        except ValueError:
             return None
-        return dict(req)
+        req = body.get("request") if isinstance(body, dict) else None
+        if not isinstance(req, dict) or not isinstance(req.get("uid"), str):
+            return None
+        for part in ("kind", "object", "oldObject"):
+            if not isinstance(req.get(part, {}), dict | None):
+                return None
+        return req
 
     @staticmethod
     def _is_pod(req: JSON) -> bool:
@@ -147,6 +173,9 @@ class AdmissionHandlers:
             )
         try:
             out = await decide(req)
+        except Exception:
+            REQUESTS.labels("500", webhook).inc()
+            raise  # aiohttp logs it and answers 500; failurePolicy decides for the apiserver
         finally:
             LATENCY.labels(webhook).observe(time.perf_counter() - t0)
         REQUESTS.labels("200", webhook).inc()
