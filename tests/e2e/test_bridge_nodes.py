@@ -8,7 +8,12 @@ import asyncio
 import contextlib
 import uuid
 
-from slinky.bridge.labels import EXTERNAL_NODE, EXTERNAL_NODE_PARTITIONS, SLURM_NODENAME
+from slinky.bridge.labels import (
+    EXTERNAL_NODE,
+    EXTERNAL_NODE_PARTITIONS,
+    MANAGED_NODE_TAINT,
+    SLURM_NODENAME,
+)
 from slinky.bridge.nodes.registration import registered_for
 from slinky.kube import rest
 from slinky.slurm.models import Node
@@ -240,9 +245,15 @@ async def test_an_admin_drain_survives_cordon_and_uncordon(bridge: BridgeEnv) ->
         return bool((await env.node(name)).get("spec", {}).get("unschedulable"))
 
     await wait_for(cordon_seen, timeout=10, what="cordon stored")
+    await tainted(env, name, [TAINT])
     await env.kube.patch(rest.NODES, name, {"spec": {"unschedulable": False}})
-    # Both changes reach the bridge; give it the chances it would need to undrain.
-    await asyncio.sleep(3)
+    # Proof that the bridge acted on the uncordon: remove its taint afterwards. The reconcile
+    # that puts the taint back reads a Node at least as new as the uncordon, and decides on
+    # undraining (the cordon step) before the taint step.
+    current = await env.node(name)
+    others = [t for t in current["spec"]["taints"] if t["key"] != MANAGED_NODE_TAINT]
+    await env.kube.patch(rest.NODES, name, {"spec": {"taints": others}})
+    await tainted(env, name, [TAINT])
     node = await env.slurm_node(name)
     assert node is not None and node.state.is_drain
     assert node.reason == "admin: disk replacement"
