@@ -201,6 +201,32 @@ async def test_a_node_deleted_while_the_bridge_is_down_is_removed_at_start(
     await wait_slurm_node(env, name, lambda n: n is None, f"slurm node {name} deleted after start")
 
 
+async def test_a_new_slurm_nodename_replaces_the_registered_slurm_node(bridge: BridgeEnv) -> None:
+    """Relabelling slurm-nodename drains and removes the Slurm node registered under the old
+    name (it would otherwise stay in Slurm for ever), then registers the new name."""
+    env = bridge
+    first, second = (f"renamed-{uuid.uuid4().hex[:6]}" for _ in range(2))
+    name = await env.create_node(labels={**EXTERNAL, SLURM_NODENAME: first})
+    await wait_slurm_node(
+        env, first, lambda n: n is not None and registered_for(n) == name, f"{first} registered"
+    )
+    await env.kube.patch(rest.NODES, name, {"metadata": {"labels": {SLURM_NODENAME: second}}})
+    try:
+        await wait_slurm_node(env, first, lambda n: n is None, f"{first} removed after relabel")
+        await wait_slurm_node(
+            env,
+            second,
+            lambda n: n is not None and registered_for(n) == name,
+            f"{second} registered after relabel",
+        )
+    finally:
+        with contextlib.suppress(rest.ApiError):
+            await env.kube.delete(rest.NODES, name)
+        await wait_slurm_node(
+            env, second, lambda n: n is None, f"{second} removed after its Node", timeout=60
+        )
+
+
 async def test_taint_follows_whether_slurm_knows_the_node(bridge: BridgeEnv) -> None:
     """A node Slurm knows (here an admin created it) is managed and tainted; when Slurm
     forgets it, the taint goes. The Slurm name may differ from the Node's name."""

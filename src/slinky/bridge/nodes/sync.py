@@ -1,7 +1,8 @@
 """One reconcile of a Kubernetes node (key: the Node's name), as named steps:
 
 1. `forget_deleted`   — the Node is gone: if the bridge registered a Slurm node for it, drain
-                        that node and delete it once no job runs there;
+                        that node and delete it once no job runs there; `forget_renamed`
+                        does the same when the Node's slurm-nodename label changed;
 2. `sync_registration` — labelled `external-node`: register it in Slurm (EXTERNAL, NodeAddr,
                         CPUs, RealMemory, partitions as features, each partition checked
                         first); a change is applied by draining, deleting once idle and
@@ -70,6 +71,9 @@ class NodeSync:
         node = self.nodes.store.get(key)
         if node is None:
             return await self.forget_deleted(key)
+        result = await self.forget_renamed(node)
+        if result is not None:
+            return result
         result = await self.sync_registration(node)
         if result is not None:
             return result
@@ -91,6 +95,19 @@ class NodeSync:
             if not e.not_found:
                 raise
         return await self.deregister(slurm_name, why=f"Kubernetes node {name} was deleted")
+
+    async def forget_renamed(self, node: JSON) -> Result | None:
+        """The Node names another Slurm node now (its slurm-nodename label changed): the Slurm
+        node the bridge registered under the old name goes as a deleted Node's would, before
+        anything is registered under the new one. None: carry on."""
+        name = str(node["metadata"]["name"])
+        old = self.registered.get(name)
+        new = registration.slurm_name(node)
+        if old is None or old == new:
+            return None
+        why = f"Kubernetes node {name} is now Slurm node {new}"
+        result = await self.deregister(old, why=why, node=node)
+        return None if result == DONE else result
 
     async def deregister(self, slurm_name: str, *, why: str, node: JSON | None = None) -> Result:
         """Drain, then delete once no job runs there (the job ends on its own terms)."""
