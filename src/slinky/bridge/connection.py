@@ -31,6 +31,7 @@ def _user_of(token: str, configured: str | None) -> str:
 
 
 def token_provider(auth: SlurmAuth) -> TokenProvider:
+    """The slurmrestd token source `auth` names (a key to mint with wins over a token file)."""
     if auth.jwt_key_file is not None:
         return MintedToken(
             auth.jwt_key_file.read_bytes(),
@@ -46,11 +47,14 @@ def token_provider(auth: SlurmAuth) -> TokenProvider:
 
 @dataclass
 class SlurmConnection:
+    """A slurmrestd client and the Slurm informer polling through it."""
+
     client: SlurmClient
     informer: SlurmInformer
 
     @classmethod
     def from_config(cls, config: BridgeConfig, *, needed_by: str) -> SlurmConnection:
+        """The connection a component needs; ConfigError naming the key when the config lacks it."""
         if not config.slurm_rest_api:
             raise ConfigError("slurmRestApi", f"required by the {needed_by}")
         if config.slurm_auth is None:

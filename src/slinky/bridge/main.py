@@ -119,6 +119,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def own_namespace(args: argparse.Namespace) -> str:
+    """The bridge's own namespace: the flag, else the pod's service-account namespace."""
     if args.namespace:
         return str(args.namespace)
     if SA_NAMESPACE_FILE.exists():

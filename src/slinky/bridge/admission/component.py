@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 
 
 class AdmissionComponent:
+    """The admission webhook as a bridge component (every replica serves)."""
+
     name = "admission"
     leader_elected = False
 
@@ -40,6 +42,7 @@ class AdmissionComponent:
         )
 
     async def is_managed(self, namespace: str) -> bool:
+        """Whether pods of `namespace` are the bridge's (never kube-system or its own)."""
         if not namespace or namespace in NEVER_MANAGED or namespace == self.ctx.namespace:
             return False
         if self.namespaces is None:

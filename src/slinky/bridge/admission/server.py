@@ -119,6 +119,7 @@ class ServingCertificate(BackgroundLoop):
 def review_response(
     uid: str, *, allowed: bool, message: str = "", patch: list[JSON] | None = None
 ) -> JSON:
+    """An AdmissionReview response for request `uid`: allowed or denied, and a JSON Patch."""
     response: JSON = {"uid": uid, "allowed": allowed}
     if not allowed:
         response["status"] = {"code": 403, "reason": "Forbidden", "message": message}

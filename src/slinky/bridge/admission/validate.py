@@ -81,6 +81,8 @@ Check = Callable[[Request], Iterator[dict[str, Any]]]
 
 @dataclass(frozen=True)
 class Rule:
+    """One admission rule: when it applies and the message each violation gets."""
+
     name: str
     operations: frozenset[str]
     message: str

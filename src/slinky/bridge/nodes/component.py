@@ -16,6 +16,8 @@ log = logging.getLogger(__name__)
 
 
 class NodeComponent:
+    """The node controller as a bridge component (leader-elected)."""
+
     name = "nodes"
     leader_elected = True
 

@@ -30,6 +30,7 @@ BY_SLURM_NAME = "slurm-name"
 
 
 def index_slurm_name(node: JSON) -> list[str]:
+    """Index function: the Slurm node name of a Node."""
     return [registration.slurm_name(node)]
 
 
@@ -60,6 +61,7 @@ def build(
     *,
     workers: int = 2,
 ) -> Controller:
+    """The node controller: its Node informer, what enqueues which Node, and the reconciler."""
     nodes = factory.informer(rest.NODES, indexers={BY_SLURM_NAME: index_slurm_name})
     registered: dict[str, str] = {}
     sync = NodeSync(

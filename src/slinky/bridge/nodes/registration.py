@@ -71,6 +71,7 @@ def partitions(node: JSON, default: str) -> tuple[str, ...]:
 
 
 def internal_ip(node: JSON) -> str:
+    """The node's InternalIP (Slurm's NodeAddr); RegistrationProblem when it has none."""
     for addr in (node.get("status") or {}).get("addresses") or []:
         if addr.get("type") == "InternalIP" and addr.get("address"):
             return str(addr["address"])
@@ -163,6 +164,7 @@ def desired(node: JSON, default_partition: str) -> Registration:
 
 
 def owner_comment(kube_node: str) -> str:
+    """The Slurm node comment that marks a node as registered by the bridge for `kube_node`."""
     return json.dumps({"registeredBy": REGISTERED_BY, "node": kube_node}, separators=(",", ":"))
 
 

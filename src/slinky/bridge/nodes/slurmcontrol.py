@@ -18,10 +18,12 @@ log = logging.getLogger(__name__)
 
 
 def is_bridge_reason(reason: str) -> bool:
+    """A drain reason the bridge wrote (only those does it undo)."""
     return reason.startswith(REASON_PREFIX)
 
 
 def cached(conn: SlurmConnection, name: str) -> Node | None:
+    """The Slurm node from the informer's cache (no request), or None."""
     return conn.informer.nodes.get(name)
 
 

@@ -45,6 +45,8 @@ CREATED_GRACE_S = 10.0
 
 
 class NodeSync:
+    """The node controller's reconciler; see the module docstring for its steps."""
+
     def __init__(
         self,
         kube: rest.Kube,
@@ -68,6 +70,7 @@ class NodeSync:
         self.created: dict[str, float] = {}
 
     async def reconcile(self, key: str) -> Result:
+        """Bring Slurm and the Node in line with each other, step by step."""
         node = self.nodes.store.get(key)
         if node is None:
             return await self.forget_deleted(key)
@@ -85,6 +88,7 @@ class NodeSync:
     # ------------------------------------------------------------ 1. deleted Nodes
 
     async def forget_deleted(self, name: str) -> Result:
+        """The Node is gone from the cache: confirmed by the apiserver, its Slurm node goes."""
         slurm_name = self.registered.get(name)
         if slurm_name is None:
             return DONE
@@ -171,6 +175,7 @@ class NodeSync:
         return None
 
     async def partitions_missing(self, node: JSON, want: Registration) -> bool:
+        """Whether a partition of `want` is missing in Slurm (a Warning event names each)."""
         missing = await slurmcontrol.missing_partitions(self.slurm, want.features)
         for partition in missing:
             self.recorder.event(
@@ -183,6 +188,7 @@ class NodeSync:
         return bool(missing)
 
     async def register(self, node: JSON, want: Registration) -> Result | None:
+        """Create the EXTERNAL Slurm node, once every partition it names exists."""
         if await self.partitions_missing(node, want):
             return Result(requeue_after=PROBLEM_RECHECK_S)
         await slurmcontrol.register(self.slurm, want)
@@ -213,6 +219,7 @@ class NodeSync:
     # ------------------------------------------------------------ 3. taint
 
     async def sync_taint(self, node: JSON, *, managed: bool) -> Result:
+        """Set or remove the managed-node taint as `managed` says."""
         wanted = taints.wanted_taints(
             node,
             managed=managed,
@@ -244,6 +251,7 @@ class NodeSync:
     # ------------------------------------------------------------ 4. cordon <-> drain
 
     async def sync_cordon(self, node: JSON, slurm_node: Node) -> None:
+        """Cordoned: drain the Slurm node; uncordoned: undo a drain the bridge made."""
         name = str(node["metadata"]["name"])
         if (node.get("spec") or {}).get("unschedulable"):
             reason = f"{REASON_PREFIX}Kubernetes node {name} is unschedulable (cordoned)"

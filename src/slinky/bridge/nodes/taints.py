@@ -14,6 +14,7 @@ JSON = dict[str, Any]
 
 
 def ours(taint: JSON, scheduler_name: str) -> bool:
+    """The managed-node taint of this bridge (the value is its scheduler name)."""
     return bool(taint.get("key") == MANAGED_NODE_TAINT and taint.get("value") == scheduler_name)
 
 
