@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
+
+log = logging.getLogger(__name__)
 
 
 class Backoff:
@@ -39,6 +42,13 @@ class BackgroundLoop:
     def start(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self.run(), name=self.task_name())
+            self._task.add_done_callback(self._report_death)
+
+    def _report_death(self, task: asyncio.Task[None]) -> None:
+        # `run` loops retry the errors they expect; anything else ends the task, and nobody
+        # awaits it until `stop()`: say so now, or the process runs on with a frozen cache.
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.error("%s stopped: %r", task.get_name(), error, exc_info=error)
 
     async def stop(self) -> None:
         if self._task:

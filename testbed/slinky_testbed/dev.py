@@ -16,11 +16,11 @@ from pathlib import Path
 
 import yaml
 
-from slinky_testbed import paths, procs
+from slinky_testbed import dev_bridge, paths, procs
 from slinky_testbed.bed import Testbed
 
 NAMESPACE = "slurm"
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def kubectl(bed: Testbed, *args: str, stdin: str | None = None) -> str:
@@ -148,6 +148,7 @@ Slinky dev environment is up ({bed.dir}).
   .venv/bin/slinky testbed --dir {bed.dir} slurm squeue
 
 Stop everything with `make dev-down`.""")
+    dev_bridge.setup(bed)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,10 @@ def slurm_conf(*, ctld_port: int, slurmd_port: int, max_nodes: int = 4096) -> st
         "MailProg=/bin/true",
         "MinJobAge=300",
         "PartitionName=all Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+        # slurm-bridge: EXTERNAL nodes registered with feature slurm-bridge join this
+        # partition through the NodeSet (REST cannot create NodeSets).
+        "NodeSet=slurm-bridge Feature=slurm-bridge",
+        "PartitionName=slurm-bridge Nodes=slurm-bridge MaxTime=INFINITE State=UP",
         "",
     ]
     return "\n".join(lines)

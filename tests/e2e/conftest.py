@@ -14,6 +14,7 @@ from slinky_testbed import paths
 from slinky_testbed.bed import Testbed
 from slinky_testbed.slurmrest import SlurmRest
 from slinky_testbed.waiting import wait_for
+from tests.e2e.bridge_fixtures import bridge, bridge_env
 from tests.e2e.nodeset_fixtures import env
 from tests.e2e.operator_fixtures import crds, operator
 
@@ -78,4 +79,4 @@ async def namespace(kube: rest.Kube, request: pytest.FixtureRequest) -> AsyncIte
     await kube.delete(rest.NAMESPACES, name)
 
 
-__all__ = ["crds", "env", "operator", "wait_for"]
+__all__ = ["bridge", "bridge_env", "crds", "env", "operator", "wait_for"]

@@ -1,10 +1,16 @@
-"""Store indexes, conditions, expectations, owner mapping: pure logic of slinky.kube."""
+"""Store indexes, conditions, expectations, owner mapping: pure logic of slinky.kube; and what
+happens when a background loop dies."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from typing import Any
 
+import pytest
+
+from slinky.background import BackgroundLoop
 from slinky.kube import conditions, controller, store
 from slinky.kube.expectations import Expectations
 
@@ -86,3 +92,22 @@ def test_owner_mapper_maps_controlled_children_only() -> None:
     other = obj("d", ownerReferences=[{"kind": "NodeSet", "name": "ns1", "uid": "u"}])
     assert m(child) == ["n/ns1"]
     assert m(other) == []
+
+
+class _Broken(BackgroundLoop):
+    async def run(self) -> None:
+        raise KeyError("unexpected field")
+
+
+async def test_a_background_loop_that_dies_is_logged_at_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    loop = _Broken()
+    loop.start()
+    for _ in range(3):  # the task runs, then its done-callback
+        await asyncio.sleep(0)
+    assert any(
+        r.levelno == logging.ERROR and "unexpected field" in r.getMessage() for r in caplog.records
+    )
+    with pytest.raises(KeyError):
+        await loop.stop()

@@ -101,6 +101,7 @@ class SlurmInformer(BackgroundLoop):
         self._synced = asyncio.Event()
         self._subscribers: list[Subscriber] = []
         self._wake = asyncio.Event()
+        self._full_next = False
 
     def __repr__(self) -> str:
         return f"<SlurmInformer {self.client.url} nodes={len(self.nodes)} stale={self.stale}>"
@@ -129,8 +130,12 @@ class SlurmInformer(BackgroundLoop):
     async def wait_synced(self) -> None:
         await self._synced.wait()
 
-    def poke(self) -> None:
-        """Poll now (after we changed something and want to see the result early)."""
+    def poke(self, *, full: bool = False) -> None:
+        """Poll now (after we changed something and want to see the result early).
+        `full`: list everything, as slurmctld does not advance `update_time` when a node is
+        deleted, so a delta poll would not show the deletion."""
+        if full:
+            self._full_next = True
         self._wake.set()
 
     # ------------------------------------------------------------ lifecycle
@@ -155,7 +160,8 @@ class SlurmInformer(BackgroundLoop):
     async def poll_once(self) -> None:
         """One poll: deltas, or a full list when due (or after being stale)."""
         now = time.monotonic()
-        full = self.stale or now - self._last_resync >= self.resync_interval
+        full = self.stale or self._full_next or now - self._last_resync >= self.resync_interval
+        self._full_next = False
         self.polls += 1
         nodes, last = await self.client.list_nodes(update_time=None if full else self._node_update)
         jobs: list[Job] | None = None

@@ -1,0 +1,74 @@
+"""The bridge's one connection to Slurm: a slurmrestd client with the configured token source,
+and the Slurm informer that every Slurm-facing component of the process shares."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import jwt
+
+from slinky.bridge.config import BridgeConfig, ConfigError, SlurmAuth
+from slinky.slurm.client import SlurmClient
+from slinky.slurm.informer import SlurmInformer
+from slinky.slurm.tokens import MintedToken, StaticToken, TokenFile, TokenProvider
+
+DEFAULT_USER = "slurm"
+# slurmctld does not advance `update_time` when a node is deleted (by an admin, say), so
+# only a full list shows it: list everything this often (a few ms for hundreds of nodes).
+RESYNC_S = 10.0
+
+
+def _user_of(token: str, configured: str | None) -> str:
+    """The user a stored token was issued for (slurmrestd wants the header to agree)."""
+    if configured:
+        return configured
+    with contextlib.suppress(jwt.PyJWTError):
+        sun = jwt.decode(token, options={"verify_signature": False}).get("sun")
+        if sun:
+            return str(sun)
+    return DEFAULT_USER
+
+
+def token_provider(auth: SlurmAuth) -> TokenProvider:
+    """The slurmrestd token source `auth` names (a key to mint with wins over a token file)."""
+    if auth.jwt_key_file is not None:
+        return MintedToken(
+            auth.jwt_key_file.read_bytes(),
+            user=auth.user or DEFAULT_USER,
+            lifetime=auth.token_lifetime,
+        )
+    if auth.token_file is not None:
+        first = auth.token_file.read_text().strip()
+        return TokenFile(auth.token_file, user=_user_of(first, auth.user))
+    assert auth.static_token is not None
+    return StaticToken(auth.static_token, user=_user_of(auth.static_token, auth.user))
+
+
+@dataclass
+class SlurmConnection:
+    """A slurmrestd client and the Slurm informer polling through it."""
+
+    client: SlurmClient
+    informer: SlurmInformer
+
+    @classmethod
+    def from_config(cls, config: BridgeConfig, *, needed_by: str) -> SlurmConnection:
+        """The connection a component needs; ConfigError naming the key when the config lacks it."""
+        if not config.slurm_rest_api:
+            raise ConfigError("slurmRestApi", f"required by the {needed_by}")
+        if config.slurm_auth is None:
+            raise ConfigError(
+                "slurmAuth",
+                f"required by the {needed_by}: set slurmAuth.tokenFile or slurmAuth.jwtKeyFile "
+                f"(or the SLURM_JWT environment variable)",
+            )
+        client = SlurmClient(config.slurm_rest_api, token_provider(config.slurm_auth))
+        informer = SlurmInformer(
+            client, poll_interval=config.slurm_poll_interval, resync_interval=RESYNC_S
+        )
+        return cls(client, informer)
+
+    async def close(self) -> None:
+        await self.informer.stop()
+        await self.client.close()

@@ -1,0 +1,24 @@
+"""The labels, annotations and taints slurm-bridge reads and writes (upstream's names, so
+users' manifests and nodes keep working)."""
+
+from __future__ import annotations
+
+# Node label: the Slurm node name of this Kubernetes node, when they differ.
+SLURM_NODENAME = "slinky.slurm.net/slurm-nodename"
+# Node label: register this Kubernetes node in Slurm as an EXTERNAL node.
+EXTERNAL_NODE = "scheduler.slinky.slurm.net/external-node"
+# Node annotation: comma-separated partitions the external node joins (as its features).
+EXTERNAL_NODE_PARTITIONS = "scheduler.slinky.slurm.net/external-node-partitions"
+# Node taint key; value = the scheduler name, so two bridges can share a cluster.
+MANAGED_NODE_TAINT = "slinky.slurm.net/managed-node"
+
+# Pod label set by the scheduler: the placeholder job's id.
+SLURM_JOBID = "scheduler.slinky.slurm.net/slurm-jobid"
+# Pod annotation set by the scheduler: the Slurm node the placeholder job was allocated.
+SLURM_NODE = "slinky.slurm.net/slurm-node"
+# Pod (or pod group) annotations describing the placeholder job.
+SLURMJOB_PREFIX = "slurmjob.slinky.slurm.net/"
+
+# Every drain the bridge makes has a reason starting with this; any other drain is an
+# admin's and is never undone by the bridge.
+REASON_PREFIX = "slurm-bridge: "

@@ -1,0 +1,156 @@
+"""`make dev`, bridge part: run slurm-bridge (every component, one process) on the dev test
+bed with a sample config whose managed namespace is `slurm-bridge`, register its webhook
+with the test bed's apiserver, and label the nodes meant for the bridge so that they
+register in Slurm as EXTERNAL nodes. Idempotent, like the rest of `make dev`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from slinky_testbed import paths, pki, procs
+from slinky_testbed.bed import Testbed
+
+MANAGED_NAMESPACE = "slurm-bridge"
+BRIDGE_NAMESPACE = "slinky-system"
+EXTERNAL_NODE_LABEL = "scheduler.slinky.slurm.net/external-node"
+# Nodes the test bed dedicates to the bridge carry this label; without any, the kwok nodes
+# are used (nothing of the operator runs there, so the NoExecute taint evicts nothing).
+BRIDGE_NODE_LABEL = "testbed.slinky.slurm.net/bridge"
+
+Kubectl = Callable[..., str]
+
+
+def config(bed: Testbed) -> dict[str, object]:
+    return {
+        "schedulerName": "slurm-bridge-scheduler",
+        "slurmRestApi": bed.slurm_rest_url,
+        "managedNamespaces": [MANAGED_NAMESPACE],
+        "partition": "slurm-bridge",
+        "slurmAuth": {"jwtKeyFile": str(bed.jwt_key_path), "user": "root"},
+    }
+
+
+def running(bed: Testbed) -> bool:
+    pid = bed.load().pids.get("bridge")
+    return pid is not None and procs.Proc(pid[0], pid[1]).alive()
+
+
+def start(bed: Testbed, config_path: Path, cert: tuple[Path, Path]) -> int:
+    """Start the bridge in the background (stopped by `make dev-down`); its webhook port."""
+    mport, pport, wport = procs.free_ports(3)
+    argv = [
+        sys.executable,
+        "-m",
+        "slinky.bridge.main",
+        f"--config={config_path}",
+        f"--kubeconfig={bed.kubeconfig}",
+        f"--namespace={BRIDGE_NAMESPACE}",
+        f"--metrics-bind-address=127.0.0.1:{mport}",
+        f"--health-probe-bind-address=127.0.0.1:{pport}",
+        f"--webhook-bind-address=127.0.0.1:{wport}",
+        f"--webhook-cert-path={cert[0].parent}",
+        f"--webhook-cert-name={cert[0].name}",
+        f"--webhook-cert-key={cert[1].name}",
+    ]
+    env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    bed.spawn_extra("bridge", argv, env=env)
+    (bed.dir / "bridge" / "ports").write_text(f"{mport} {pport} {wport}\n")
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{pport}/readyz", timeout=2) as r:
+                if r.status == 200:
+                    return wport
+        except (urllib.error.URLError, OSError):
+            pass
+        if not running(bed):
+            break
+        time.sleep(0.2)
+    raise SystemExit("slurm-bridge did not become ready; see " + str(bed.logs / "bridge.log"))
+
+
+def bridge_nodes(kubectl: Kubectl) -> list[str]:
+    for selector in (BRIDGE_NODE_LABEL, "type=kwok"):
+        names = kubectl("get", "nodes", "-l", selector, "-o", "name").split()
+        if names:
+            return [n.removeprefix("node/") for n in names]
+    return []
+
+
+def give_internal_ip(kubectl: Kubectl, node: str) -> None:
+    """kwok nodes report no address, and Slurm needs a NodeAddr: give them loopback (Slurm
+    never contacts an EXTERNAL node, so nothing is sent there)."""
+    if kubectl("get", "node", node, "-o", "jsonpath={.status.addresses}").strip():
+        return
+    patch = '{"status":{"addresses":[{"type":"InternalIP","address":"127.0.0.1"}]}}'
+    kubectl("patch", "node", node, "--subresource=status", "--type=merge", "-p", patch)
+
+
+def setup(bed: Testbed) -> None:
+    """Bring the dev bridge up (or keep it) and print how to watch it."""
+    kubectl = kubectl_for(bed)
+    work = bed.dir / "bridge"
+    work.mkdir(exist_ok=True)
+    config_path = work / "config.yaml"
+    config_path.write_text(yaml.safe_dump(config(bed), sort_keys=False))
+    cert = pki.serving_cert(bed.pki, "slurm-bridge-webhook", ["127.0.0.1", "localhost"])
+    namespaces = [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n}}
+        for n in (MANAGED_NAMESPACE, BRIDGE_NAMESPACE)
+    ]
+    kubectl("apply", "--server-side", "-f", "-", stdin=yaml.safe_dump_all(namespaces))
+    if running(bed):
+        wport = int((work / "ports").read_text().split()[2])
+    else:
+        wport = start(bed, config_path, cert)
+    webhooks = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "slinky.bridge.admission.manifests",
+            f"--config={config_path}",
+            f"--namespace={BRIDGE_NAMESPACE}",
+            f"--url=https://127.0.0.1:{wport}",
+            f"--ca-file={bed.pki / 'ca.crt'}",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    kubectl("apply", "--server-side", "--field-manager=slinky-dev", "-f", "-", stdin=webhooks)
+    nodes = bridge_nodes(kubectl)
+    for node in nodes:
+        give_internal_ip(kubectl, node)
+        kubectl("label", "--overwrite", "node", node, f"{EXTERNAL_NODE_LABEL}=true")
+    k = paths.bin_dir() / "kubectl"
+    print(f"""
+  slurm-bridge: config {config_path}, log {bed.logs / "bridge.log"}
+    managed namespace {MANAGED_NAMESPACE}; nodes registered in Slurm: {", ".join(nodes) or "none"}
+    {k} get nodes -o custom-columns=NAME:.metadata.name,TAINTS:.spec.taints[*].key
+    {k} run demo -n {MANAGED_NAMESPACE} --image=busybox -- sleep 60  # bridge scheduler
+    .venv/bin/slinky testbed --dir {bed.dir} slurm sinfo -N -o "%N %T %f %P"  # EXTERNAL nodes""")
+
+
+def kubectl_for(bed: Testbed) -> Kubectl:
+    def kubectl(*args: str, stdin: str | None = None) -> str:
+        out = subprocess.run(
+            [str(paths.bin_dir() / "kubectl"), f"--kubeconfig={bed.kubeconfig}", *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if out.returncode != 0:
+            raise SystemExit(f"kubectl {' '.join(args)} failed:\n{out.stderr}")
+        return out.stdout
+
+    return kubectl
