@@ -1,6 +1,8 @@
 """Shared pieces of the NodeSet end-to-end tests: a Ready Cluster in the test namespace, the
 NodeSet manifest the tests start from, and small waits on Slurm state. The one place that
-says what a slurmd pod of the test bed looks like."""
+says what a slurmd pod of the test bed looks like: a container from the Slurm image on a real
+node, truly configless (`--conf-server` to slurmctld at the address pods reach; nothing
+mounted but the Slurm key)."""
 
 from __future__ import annotations
 
@@ -16,11 +18,50 @@ from slinky.operator.resources import CLUSTERS, NODESETS
 from slinky.slurm import errors
 from slinky.slurm.client import SlurmClient
 from slinky.slurm.tokens import MintedToken
+from slinky_testbed import nodes
 from slinky_testbed.bed import Testbed
 from slinky_testbed.waiting import wait_for
 from tests.e2e.operator_fixtures import OperatorProcess, cluster, condition, secret
 
 JSON = dict[str, Any]
+SLURM_KEY_SECRET = "slurm-key"
+# The image's entrypoint: tini (PID 1, reaps slurmstepd's zombies) runs the script that makes
+# Slurm's runtime directories, then the daemon. Spelled out because the operator sets
+# `command` when a slurmd container has none, which would drop both.
+SLURM_ENTRYPOINT = ["/usr/bin/tini", "--", "/usr/local/bin/slurm-entrypoint"]
+
+
+def slurm_key_secret(testbed: Testbed) -> JSON:
+    """The Secret slurmd containers mount: auth/slurm's shared key, nothing else."""
+    return secret(
+        SLURM_KEY_SECRET, **{"slurm.key": testbed.root.joinpath("etc/slurm/slurm.key").read_bytes()}
+    )
+
+
+def slurmd_pod_spec(args: list[str]) -> JSON:
+    """Pod spec of one slurmd container (args after `slurmd`) with the key mounted."""
+    return {
+        "terminationGracePeriodSeconds": 10,
+        "containers": [
+            {
+                "name": "slurmd",
+                "image": nodes.image_ref("slurm"),
+                "imagePullPolicy": "IfNotPresent",
+                "command": [*SLURM_ENTRYPOINT, "slurmd"],
+                "args": args,
+                "volumeMounts": [
+                    {
+                        "name": "slurm-key",
+                        "mountPath": "/etc/slurm/slurm.key",
+                        "subPath": "slurm.key",
+                    }
+                ],
+            }
+        ],
+        "volumes": [
+            {"name": "slurm-key", "secret": {"secretName": SLURM_KEY_SECRET, "defaultMode": 0o600}}
+        ],
+    }
 
 
 @dataclass
@@ -99,6 +140,7 @@ async def env(
         secret("slurm-jwt", **{"jwt_hs256.key": testbed.jwt_key_path.read_bytes()}),
         namespace,
     )
+    await kube.create(rest.SECRETS, slurm_key_secret(testbed), namespace)
     host, port = testbed.slurmctld_addr.split(":")
     await kube.create(
         CLUSTERS,
@@ -144,16 +186,7 @@ def nodeset_manifest(name: str, replicas: int, **spec: Any) -> JSON:
             "selector": {"matchLabels": {"app.kubernetes.io/instance": name}},
             "template": {
                 "metadata": {"labels": {"app.kubernetes.io/instance": name}},
-                "spec": {
-                    "terminationGracePeriodSeconds": 10,
-                    "containers": [
-                        {
-                            "name": "slurmd",
-                            "image": "slurmd",
-                            "args": ["--conf", "CPUs=2 RealMemory=1000"],
-                        }
-                    ],
-                },
+                "spec": slurmd_pod_spec(["--conf", "CPUs=2 RealMemory=1000"]),
             },
             **spec,
         },

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import subprocess
 import time
 from collections.abc import Awaitable, Callable
@@ -427,8 +425,11 @@ async def test_a_failed_pod_is_replaced(env: Env) -> None:
     await env.kube.create(NODESETS, manifest, env.namespace)
     await wait_idle_nodes(env, "fail", 1)
     (first,) = await env.pods("fail")
-    pid = int(first["status"]["containerStatuses"][0]["containerID"].removeprefix("process://"))
-    os.kill(pid, signal.SIGKILL)  # slurmd dies; restartPolicy Never makes the pod Failed
+    # slurmd dies; restartPolicy Never makes the pod Failed.
+    await asyncio.to_thread(
+        env.testbed.kubectl,
+        ["-n", env.namespace, "exec", first["metadata"]["name"], "--", "sh", "-c", KILL_SLURMD],
+    )
 
     async def replaced() -> bool:
         pods = [p for p in await env.pods("fail") if not p["metadata"].get("deletionTimestamp")]
@@ -438,6 +439,12 @@ async def test_a_failed_pod_is_replaced(env: Env) -> None:
     await wait_idle_nodes(env, "fail", 1)
     evs = (await env.kube.list(rest.EVENTS, env.namespace))["items"]
     assert any(ev["reason"] == "PodFinished" for ev in evs)
+
+
+KILL_SLURMD = (
+    "for d in /proc/[0-9]*; do "
+    '[ "$(cat $d/comm 2>/dev/null)" = slurmd ] && kill -KILL ${d#/proc/}; done'
+)
 
 
 async def test_volume_claims_follow_the_retention_policy(env: Env) -> None:
