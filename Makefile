@@ -48,7 +48,7 @@ test: testbed-build lint
 ## A local control plane + Slurm that stays up; poke it with kubectl, sinfo, squeue.
 dev: testbed-build
 	@$(BIN)/slinky testbed --dir $(DEV_DIR) status >/dev/null 2>&1 || \
-		$(BIN)/slinky testbed --dir $(DEV_DIR) up --process-nodes 3 --kwok-nodes 2
+		$(BIN)/slinky testbed --dir $(DEV_DIR) up --nodes 2 --kwok-nodes 2
 	@$(BIN)/python -m slinky_testbed.dev --dir $(DEV_DIR)
 
 dev-down: venv

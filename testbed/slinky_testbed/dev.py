@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from slinky_testbed import paths, procs
+from slinky_testbed import paths, pods, procs
 from slinky_testbed.bed import Testbed
 
 NAMESPACE = "slurm"
@@ -48,6 +48,7 @@ def sample_objects(bed: Testbed) -> list[dict[str, object]]:
             "metadata": {"name": "slurm-jwt", "namespace": NAMESPACE},
             "data": {"jwt_hs256.key": key},
         },
+        pods.slurm_key_secret(bed, NAMESPACE),
         {
             "apiVersion": "slinky.slurm.net/v1alpha1",
             "kind": "Cluster",
@@ -69,15 +70,7 @@ def sample_objects(bed: Testbed) -> list[dict[str, object]]:
                 "selector": {"matchLabels": labels},
                 "template": {
                     "metadata": {"labels": labels},
-                    "spec": {
-                        "containers": [
-                            {
-                                "name": "slurmd",
-                                "image": "slurmd",
-                                "args": ["--conf", "CPUs=2 RealMemory=1000"],
-                            }
-                        ]
-                    },
+                    "spec": pods.slurmd_pod_spec(["--conf", "CPUs=2 RealMemory=1000"]),
                 },
             },
         },

@@ -18,50 +18,13 @@ from slinky.operator.resources import CLUSTERS, NODESETS
 from slinky.slurm import errors
 from slinky.slurm.client import SlurmClient
 from slinky.slurm.tokens import MintedToken
-from slinky_testbed import nodes
 from slinky_testbed.bed import Testbed
+from slinky_testbed.pods import slurm_key_secret, slurmd_pod_spec
 from slinky_testbed.waiting import wait_for
 from tests.e2e.operator_fixtures import OperatorProcess, cluster, condition, secret
 
 JSON = dict[str, Any]
-SLURM_KEY_SECRET = "slurm-key"
-# The image's entrypoint: tini (PID 1, reaps slurmstepd's zombies) runs the script that makes
-# Slurm's runtime directories, then the daemon. Spelled out because the operator sets
-# `command` when a slurmd container has none, which would drop both.
-SLURM_ENTRYPOINT = ["/usr/bin/tini", "--", "/usr/local/bin/slurm-entrypoint"]
-
-
-def slurm_key_secret(testbed: Testbed) -> JSON:
-    """The Secret slurmd containers mount: auth/slurm's shared key, nothing else."""
-    return secret(
-        SLURM_KEY_SECRET, **{"slurm.key": testbed.root.joinpath("etc/slurm/slurm.key").read_bytes()}
-    )
-
-
-def slurmd_pod_spec(args: list[str]) -> JSON:
-    """Pod spec of one slurmd container (args after `slurmd`) with the key mounted."""
-    return {
-        "terminationGracePeriodSeconds": 10,
-        "containers": [
-            {
-                "name": "slurmd",
-                "image": nodes.image_ref("slurm"),
-                "imagePullPolicy": "IfNotPresent",
-                "command": [*SLURM_ENTRYPOINT, "slurmd"],
-                "args": args,
-                "volumeMounts": [
-                    {
-                        "name": "slurm-key",
-                        "mountPath": "/etc/slurm/slurm.key",
-                        "subPath": "slurm.key",
-                    }
-                ],
-            }
-        ],
-        "volumes": [
-            {"name": "slurm-key", "secret": {"secretName": SLURM_KEY_SECRET, "defaultMode": 0o600}}
-        ],
-    }
+__all__ = ["slurm_key_secret", "slurmd_pod_spec"]
 
 
 @dataclass
