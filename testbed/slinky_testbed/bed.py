@@ -121,6 +121,11 @@ class Testbed:
         return f"http://127.0.0.1:{self.load().ports['slurmrestd']}"
 
     @property
+    def slurm_rest_url_for_pods(self) -> str:
+        """slurmrestd as pods on real nodes reach it (and this host too)."""
+        return f"http://{self.api_host}:{self.load().ports['slurmrestd']}"
+
+    @property
     def slurmctld_addr(self) -> str:
         """host:port of slurmctld that both this host and pods on real nodes reach."""
         return f"{self.api_host}:{self.load().ports['slurmctld']}"
@@ -604,6 +609,9 @@ class Testbed:
         self._spawn(state, "slurmctld", ["chroot", str(self.root), "slurmctld", "-D", "-i"])
 
     def _start_slurmrestd(self, state: State) -> None:
+        listen = [f"127.0.0.1:{state.ports['slurmrestd']}"]
+        if state.real_nodes:  # also where pods (e.g. an operator in a pod) reach it
+            listen.append(f"{self.names(state).host_ip}:{state.ports['slurmrestd']}")
         self._spawn(
             state,
             "slurmrestd",
@@ -617,7 +625,7 @@ class Testbed:
                 slurmconf.REST_USER,
                 "-a",
                 "rest_auth/jwt",
-                f"127.0.0.1:{state.ports['slurmrestd']}",
+                *listen,
             ],
             env={"SLURM_JWT": "daemon"},
         )
