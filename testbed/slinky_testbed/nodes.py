@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from slinky_testbed import paths
+from slinky_testbed import paths, procs
 
 SERVICE_CIDR = "10.0.0.0/24"
 DNS_SERVICE_IP = "10.0.0.10"
@@ -213,6 +213,7 @@ def cleanup(names: Names, nodes_dir: Path, *, log: Callable[[str], None]) -> Non
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+        procs.reap()  # our own children (containerd, kubelets) would stay as zombies
         if time.monotonic() > deadline:
             raise NodesError(f"processes in cgroups {names.tag}-* survive SIGKILL: {sorted(pids)}")
         time.sleep(0.1)
