@@ -5,6 +5,7 @@ kubectl, as on any cluster."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import pytest
 
 from slinky.kube import rest
+from slinky.slurm import errors
 from slinky.slurm.client import SlurmClient
 from slinky.slurm.tokens import MintedToken
 from slinky_testbed import nodes, paths
@@ -280,8 +282,9 @@ async def test_slurmd_in_a_container_registers_configless_and_runs_a_batch_job(
     try:
 
         async def idle() -> bool:
-            node = await slurm.get_node(name)
-            return bool(node.state.is_idle)
+            with contextlib.suppress(errors.SlurmNotFound):
+                return bool((await slurm.get_node(name)).state.is_idle)
+            return False
 
         await wait_for(idle, timeout=120, interval=0.5, what=f"Slurm node {name} IDLE")
         job_id = await slurm.submit_job(
