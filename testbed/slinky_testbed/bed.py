@@ -591,7 +591,7 @@ class Testbed:
             env=env,
         )
 
-    def _stop_real_nodes(self, state: State) -> None:
+    def _stop_real_nodes(self, state: State, log: Callable[[str], None]) -> None:
         """Pods first, through the API, so that kubelets run preStop hooks and tear their
         sandboxes down; then kubelets, then containerd; then everything by name."""
         from slinky_testbed import kubeapi
@@ -600,7 +600,9 @@ class Testbed:
             if "scheduler" in state.pids:  # no new pod gets bound while we drain
                 self.stop_component("scheduler")
             with contextlib.suppress(Exception):
-                kubeapi.Admin(self.kubeconfig).delete_pods_on(state.real_nodes, timeout=90)
+                left = kubeapi.Admin(self.kubeconfig).delete_pods_on(state.real_nodes, timeout=90)
+                if left:
+                    log(f"pods still terminating after 90s, stopping their nodes: {left}")
         for prefix in ("kubelet-", "kube-proxy", "coredns", "containerd-"):
             group = [p for n, p in self.tracked_processes(state) if n.startswith(prefix)]
             procs.stop_all(group, grace=10)
@@ -780,7 +782,9 @@ class Testbed:
     def down(self, *, log: Callable[[str], None]) -> None:
         """Stop exactly the processes this test bed started, then unmount and free tmpfs."""
         state = self.load()
-        self._stop_real_nodes(state)
+        t0 = time.monotonic()
+        self._stop_real_nodes(state, log)
+        t_nodes = time.monotonic()
         tracked = self.tracked_processes(state)
         # The kubelet first, so that it stops its pods' processes itself.
         order = sorted(tracked, key=lambda t: (t[0] != "kubelet", t[0].startswith("pod:")))
@@ -788,6 +792,7 @@ class Testbed:
         left += procs.stop_all([p for _, p in order[1:]], grace=10)
         if left:
             raise TestbedError(f"processes still running after SIGKILL: {[p.pid for p in left]}")
+        t_rest = time.monotonic()
         nodes.cleanup(self.names(state), self.nodes_dir, log=lambda _m: None)
         self._unmount_root()
         if state.etcd_dir:
@@ -796,7 +801,12 @@ class Testbed:
         state.ports = {}
         self.save(state)
         shutil.rmtree(self.dir / "kubelet", ignore_errors=True)
-        log(f"test bed down ({self.dir})")
+        t_end = time.monotonic()
+        log(
+            f"test bed down in {t_end - t0:.1f}s ({self.dir}): real nodes "
+            f"{t_nodes - t0:.1f}s, other processes {t_rest - t_nodes:.1f}s, "
+            f"cleanup {t_end - t_rest:.1f}s"
+        )
 
     def status_lines(self, *, only_running: bool = False) -> list[str]:
         state = self.load()
