@@ -16,7 +16,6 @@ import secrets
 import shutil
 import ssl
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -53,7 +52,6 @@ class State:
     admin_token: str = ""
     slurm_token: str = ""
     etcd_dir: str = ""
-    process_nodes: list[str] = field(default_factory=list)
     kwok_nodes: list[str] = field(default_factory=list)
     # Real nodes (kubelet + containerd): names, and the second octet of their 10.X.0.0/16.
     real_nodes: list[str] = field(default_factory=list)
@@ -108,10 +106,6 @@ class Testbed:
         out = []
         for name, (pid, started) in ((n, tuple(v)) for n, v in state.pids.items()):
             out.append((name, procs.Proc(pid, started)))
-        for pidfile in sorted((self.dir / "kubelet" / "pids").glob("*")):
-            with contextlib.suppress(ValueError, OSError):
-                pid, started = (int(x) for x in pidfile.read_text().split())
-                out.append((f"pod:{pidfile.name}", procs.Proc(pid, started)))
         return out
 
     # ---------------------------------------------------------------- env
@@ -161,7 +155,6 @@ class Testbed:
     def up(
         self,
         *,
-        process_nodes: int = 0,
         real_nodes: int = 0,
         kwok_nodes: int = 0,
         log: Callable[[str], None],
@@ -179,7 +172,6 @@ class Testbed:
         if self.logs.exists():
             shutil.rmtree(self.logs)
         self.logs.mkdir()
-        shutil.rmtree(self.dir / "kubelet", ignore_errors=True)
         self._ensure_root(log)
         self._mount_root()
         pki.ensure_pki(self.pki)
@@ -200,7 +192,6 @@ class Testbed:
         state.etcd_dir = (
             f"/dev/shm/slinky-etcd-{hashlib.sha1(str(self.dir).encode()).hexdigest()[:10]}"
         )
-        state.process_nodes = [f"proc-{i}" for i in range(process_nodes)]
         state.kwok_nodes = [f"kwok-{i}" for i in range(kwok_nodes)]
         state.real_nodes = [nodes.node_name(i) for i in range(real_nodes)]
         if real_nodes:
@@ -228,8 +219,6 @@ class Testbed:
             self._start_slurmrestd(state)
             self._wait("kube-apiserver", lambda: self._kube_ok(state, "/readyz"), 90)
             self._start_kcm_and_scheduler(state)
-            if process_nodes:
-                self._start_kubelet(state)
             if real_nodes:
                 self._start_real_nodes(state, log)
             self._start_kwok(state)
@@ -331,11 +320,7 @@ class Testbed:
             with contextlib.suppress(Exception):
                 if ready():
                     return
-            dead = [
-                n
-                for n, p in self.tracked_processes(state)
-                if not n.startswith("pod:") and not p.alive()
-            ]
+            dead = [n for n, p in self.tracked_processes(state) if not p.alive()]
             if dead:
                 raise TestbedError(
                     f"{dead[0]} exited while waiting for {name}\n" + self._log_tail(dead[0])
@@ -348,7 +333,7 @@ class Testbed:
             "kube-apiserver": "apiserver",
             "kube-controller-manager": "kcm",
             "kube-scheduler": "scheduler",
-            "nodes": "kubelet",
+            "nodes": "kubelet-node-0",
         }
         path = self.logs / f"{candidates.get(name, name)}.log"
         if not path.exists():
@@ -465,19 +450,6 @@ class Testbed:
             ],
         )
 
-    def _start_kubelet(self, state: State) -> None:
-        argv = [
-            sys.executable,
-            "-m",
-            "slinky_testbed.kubelet",
-            f"--kubeconfig={self.kubeconfig}",
-            f"--root={self.root}",
-            f"--state-dir={self.dir / 'kubelet'}",
-        ]
-        argv += [f"--node={n}" for n in state.process_nodes]
-        env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self._spawn(state, "kubelet", argv, env=env)
-
     def _start_kwok(self, state: State) -> None:
         if not state.kwok_nodes:
             return
@@ -523,7 +495,11 @@ class Testbed:
             d = self.nodes_dir / name
             (d / "cni").mkdir(parents=True)
             (d / "containerd").mkdir()
-            (d / "containerd.toml").write_text(nodes.containerd_config(d, nodes.cni_bin_dir()))
+            root = self.dir / "containerd-roots" / name
+            root.mkdir(parents=True, exist_ok=True)
+            (d / "containerd.toml").write_text(
+                nodes.containerd_config(d, root, nodes.cni_bin_dir())
+            )
             (d / "cni" / "10-testbed.conflist").write_text(nodes.cni_config(names, i, d))
             nodes.make_cgroup(names.cgroup_node(i))
             self._spawn(
@@ -541,11 +517,17 @@ class Testbed:
         for name, sock in zip(state.real_nodes, sockets, strict=True):
             self._wait(f"containerd-{name}", sock.exists, 60)
         archives = nodes.image_archives()
-        log(f"importing {len(archives)} images into {len(sockets)} nodes")
         t0 = time.monotonic()
+
+        def import_into(name: str, sock: Path) -> bool:
+            stamp = self.dir / "containerd-roots" / f"{name}.imported"
+            return nodes.import_images(sock, archives, stamp)
+
         with ThreadPoolExecutor(max_workers=len(sockets)) as pool:
-            list(pool.map(lambda sock: nodes.import_images(sock, archives), sockets))
+            imported = sum(pool.map(import_into, state.real_nodes, sockets))
         state.images_import_s = time.monotonic() - t0
+        if imported:
+            log(f"imported {len(archives)} images into {imported} nodes")
         ca = self.pki / "ca.crt"
         for i, name in enumerate(state.real_nodes):
             d = self.nodes_dir / name
@@ -703,7 +685,7 @@ class Testbed:
     def _nodes_ready(self, state: State) -> bool:
         from slinky_testbed import kubeapi
 
-        want = set(state.process_nodes) | set(state.kwok_nodes) | set(state.real_nodes)
+        want = set(state.kwok_nodes) | set(state.real_nodes)
         return want <= kubeapi.Admin(self.kubeconfig).ready_nodes()
 
     # ---------------------------------------------------------------- kubeconfig
@@ -786,10 +768,7 @@ class Testbed:
         self._stop_real_nodes(state, log)
         t_nodes = time.monotonic()
         tracked = self.tracked_processes(state)
-        # The kubelet first, so that it stops its pods' processes itself.
-        order = sorted(tracked, key=lambda t: (t[0] != "kubelet", t[0].startswith("pod:")))
-        left = procs.stop_all([p for _, p in order[:1]], grace=10) if order else []
-        left += procs.stop_all([p for _, p in order[1:]], grace=10)
+        left = procs.stop_all([p for _, p in tracked], grace=10)
         if left:
             raise TestbedError(f"processes still running after SIGKILL: {[p.pid for p in left]}")
         t_rest = time.monotonic()
@@ -800,7 +779,6 @@ class Testbed:
         state.pids = {}
         state.ports = {}
         self.save(state)
-        shutil.rmtree(self.dir / "kubelet", ignore_errors=True)
         t_end = time.monotonic()
         log(
             f"test bed down in {t_end - t0:.1f}s ({self.dir}): real nodes "

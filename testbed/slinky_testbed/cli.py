@@ -35,9 +35,6 @@ def main(argv: list[str] | None = None) -> None:
     up.add_argument(
         "--nodes", type=int, default=2, help="real nodes (kubelet + containerd), default 2"
     )
-    up.add_argument(
-        "--process-nodes", type=int, default=0, help="nodes of the process kubelet, default 0"
-    )
     up.add_argument("--kwok-nodes", type=int, default=0, help="fake nodes for scale tests")
     cmds.add_parser("down", help="stop exactly the processes `up` started")
     cmds.add_parser("status", help="list the test bed's processes")
@@ -55,7 +52,6 @@ def main(argv: list[str] | None = None) -> None:
         elif args.cmd == "up":
             bed.up(
                 real_nodes=args.nodes,
-                process_nodes=args.process_nodes,
                 kwok_nodes=args.kwok_nodes,
                 log=print,
             )

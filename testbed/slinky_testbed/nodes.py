@@ -292,10 +292,12 @@ def setup_network(names: Names, count: int) -> None:
 # ---------------------------------------------------------------- configuration files
 
 
-def containerd_config(node_dir: Path, cni_bin: Path) -> str:
+def containerd_config(node_dir: Path, root: Path, cni_bin: Path) -> str:
+    """containerd of one node. Its `root` (images, snapshots) outlives the node so that the next
+    `up` need not import and unpack the images again; its state goes with the node."""
     d = node_dir / "containerd"
     return f"""version = 3
-root = "{d / "root"}"
+root = "{root}"
 state = "{d / "state"}"
 disabled_plugins = [
   "io.containerd.nri.v1.nri",
@@ -492,7 +494,13 @@ def image_archives() -> list[Path]:
     return out
 
 
-def import_images(socket: Path, archives: list[Path]) -> None:
+def import_images(socket: Path, archives: list[Path], stamp: Path) -> bool:
+    """Import the archives unless `stamp` says this containerd root already holds exactly
+    these (same paths, sizes and times). Returns whether it imported."""
+    want = json.dumps([[str(a), a.stat().st_size, a.stat().st_mtime_ns] for a in archives])
+    if stamp.exists() and stamp.read_text() == want:
+        return False
+    stamp.unlink(missing_ok=True)
     for archive in archives:
         _run(
             str(paths.bin_dir() / "ctr"),
@@ -506,6 +514,8 @@ def import_images(socket: Path, archives: list[Path]) -> None:
             "overlayfs",
             str(archive),
         )
+    stamp.write_text(want)
+    return True
 
 
 def check_binaries() -> list[str]:

@@ -57,10 +57,11 @@ def test_coredns_has_no_forwarder() -> None:
 
 
 def test_containerd_restricts_oom_score_adj_and_keeps_netns_in_its_state(tmp_path: Path) -> None:
-    text = nodes.containerd_config(tmp_path, Path("/cni"))
+    text = nodes.containerd_config(tmp_path, tmp_path / "root", Path("/cni"))
     assert "restrict_oom_score_adj = true" in text
     assert "netns_mounts_under_state_dir = true" in text
     assert f'address = "{tmp_path}/containerd/containerd.sock"' in text
+    assert f'root = "{tmp_path}/root"' in text
 
 
 def test_slurmctld_host_names_the_pod_reachable_address() -> None:
