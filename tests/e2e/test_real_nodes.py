@@ -302,7 +302,8 @@ async def test_slurmd_in_a_container_registers_configless_and_runs_a_batch_job(
 
         async def completed() -> list[str] | None:
             job = await slurm.get_job(job_id)
-            return job.state if job.is_finished else None
+            # COMPLETING stays beside COMPLETED until the node has cleaned up.
+            return job.state if job.is_finished and "COMPLETING" not in job.state else None
 
         assert await wait_for(completed, timeout=120, what=f"job {job_id} finished") == [
             "COMPLETED"
