@@ -768,7 +768,10 @@ class Testbed:
         self._stop_real_nodes(state, log)
         t_nodes = time.monotonic()
         tracked = self.tracked_processes(state)
-        left = procs.stop_all([p for _, p in tracked], grace=10)
+        # etcd last: the apiserver removes its own endpoint from etcd while it shuts down, and
+        # would wait out its grace period for an etcd that is already gone.
+        left = procs.stop_all([p for n, p in tracked if n != "etcd"], grace=10)
+        left += procs.stop_all([p for n, p in tracked if n == "etcd"], grace=10)
         if left:
             raise TestbedError(f"processes still running after SIGKILL: {[p.pid for p in left]}")
         t_rest = time.monotonic()
