@@ -20,7 +20,7 @@ from slinky_testbed import paths, pods, procs
 from slinky_testbed.bed import Testbed
 
 NAMESPACE = "slurm"
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def kubectl(bed: Testbed, *args: str, stdin: str | None = None) -> str:
@@ -124,8 +124,25 @@ def main() -> None:
     ports = None
     if not operator_running(bed):
         ports = start_operator(bed)
-    manifest = yaml.safe_dump_all(sample_objects(bed))
-    kubectl(bed, "apply", "--server-side", "--field-manager=slinky-dev", "-f", "-", stdin=manifest)
+    objects = sample_objects(bed)
+    nodesets = [o for o in objects if o["kind"] == "NodeSet"]
+    # The Cluster first, and Ready: the operator hands slurmd pods `--conf-server` from the
+    # Cluster it has connected to, and a pod created before that would lack it.
+    for batch in ([o for o in objects if o["kind"] != "NodeSet"], nodesets):
+        manifest = yaml.safe_dump_all(batch)
+        kubectl(
+            bed, "apply", "--server-side", "--field-manager=slinky-dev", "-f", "-", stdin=manifest
+        )
+        if batch is not nodesets:
+            kubectl(
+                bed,
+                "wait",
+                "--for=condition=Ready",
+                "-n",
+                NAMESPACE,
+                "slurmcluster/slurm",
+                "--timeout=60s",
+            )
     where = f"metrics http://127.0.0.1:{ports[0]}/metrics, " if ports else ""
     print(f"""
 Slinky dev environment is up ({bed.dir}).
