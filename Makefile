@@ -19,13 +19,14 @@ $(STAMP): pyproject.toml testbed/pyproject.toml
 
 venv: $(STAMP)
 
-## Build or reuse the cached test bed: Kubernetes binaries, kwok, helm, etcd, Slurm root.
+## Build or reuse the cached test bed: Kubernetes binaries (control plane, kubelet, kube-proxy),
+## kwok, helm, etcd, containerd, runc, CNI plugins, CoreDNS, pause, the Slurm root.
 testbed-build: venv
 	$(BIN)/slinky testbed build
 
 ## OCI image archives (Slurm, Slinky) in ~/.cache/slinky/images, no registry or daemon needed;
 ## rebuilt only when their inputs change. Import with `ctr -n k8s.io images import <archive>`.
-images: venv
+images: testbed-build
 	bash hack/build-slurm-root.sh
 	bash hack/build-python-root.sh
 	$(BIN)/python -m slinky_testbed.images build
@@ -45,17 +46,17 @@ typecheck: venv
 unit: venv
 	$(BIN)/pytest -q tests/unit $(PYTEST_ARGS)
 
-e2e: testbed-build
+e2e: images
 	$(BIN)/pytest -q tests/e2e $(PYTEST_ARGS)
 
 ## Everything: install, build/cache the test bed, lint + types, unit and end-to-end tests.
-test: testbed-build lint
+test: images lint
 	$(BIN)/pytest -q tests $(PYTEST_ARGS)
 
 ## A local control plane + Slurm that stays up; poke it with kubectl, sinfo, squeue.
-dev: testbed-build
+dev: images
 	@$(BIN)/slinky testbed --dir $(DEV_DIR) status >/dev/null 2>&1 || \
-		$(BIN)/slinky testbed --dir $(DEV_DIR) up --process-nodes 3 --kwok-nodes 2
+		$(BIN)/slinky testbed --dir $(DEV_DIR) up --nodes 2 --kwok-nodes 2
 	@$(BIN)/python -m slinky_testbed.dev --dir $(DEV_DIR)
 
 dev-down: venv
@@ -68,7 +69,7 @@ dev-env: venv
 crds: venv
 	$(BIN)/python -m slinky.api.v1alpha1.crds config/crd
 
-bench: testbed-build
+bench: images
 	$(BIN)/python -m bench
 
 clean:

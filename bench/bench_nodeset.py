@@ -1,7 +1,8 @@
-"""NodeSet scale 0->N and N->0: N = 10 real slurmd pods (process kubelet) and N = 200 pods on
-kwok nodes (no slurmd there: their Slurm nodes never register). Reports total time, apiserver
-requests the operator issued, operator RSS, and for real nodes the drained-to-deleted latency
-(from the moment Slurm shows the node drained to the moment its pod is being deleted).
+"""NodeSet scale 0->N and N->0: N = 10 real slurmd pods (containers on real nodes) and
+N = 200 pods on kwok nodes (no slurmd there: their Slurm nodes never register). Reports total
+time, apiserver requests the operator issued, operator RSS, and for real nodes the
+drained-to-deleted latency (from the moment Slurm shows the node drained to the moment its pod
+is being deleted).
 Baseline in the same run: a StatefulSet (Parallel) with the same pod count on the same nodes,
 scaled by kube-controller-manager, i.e. Kubernetes' own floor without any Slurm coordination.
 
@@ -28,7 +29,7 @@ from slinky.operator.resources import CLUSTERS, NODESETS
 from slinky.slurm import errors
 from slinky.slurm.client import SlurmClient
 from slinky.slurm.tokens import MintedToken
-from slinky_testbed import procs
+from slinky_testbed import nodes, pods, procs
 from slinky_testbed.bed import Testbed
 
 JSON = dict[str, Any]
@@ -39,7 +40,7 @@ KWOK_PLACEMENT: JSON = {
     "nodeSelector": {"testbed.slinky.slurm.net/kubelet": "kwok"},
     "tolerations": [{"key": "kwok.x-k8s.io/node", "operator": "Exists"}],
 }
-PROCESS_PLACEMENT: JSON = {"nodeSelector": {"testbed.slinky.slurm.net/kubelet": "process"}}
+REAL_PLACEMENT: JSON = {"nodeSelector": {"testbed.slinky.slurm.net/kubelet": "real"}}
 
 
 async def setup(kube: rest.Kube, bed: Testbed) -> None:
@@ -61,6 +62,7 @@ async def setup(kube: rest.Kube, bed: Testbed) -> None:
         },
         field_manager="bench",
     )
+    await kube.apply(rest.SECRETS, pods.slurm_key_secret(bed, NS), field_manager="bench")
     host, port = bed.slurmctld_addr.split(":")
     for _ in range(60):  # CRDs may take a moment to be served
         try:
@@ -122,16 +124,15 @@ def rss_mb(pid: int) -> float:
 
 
 def template(name: str, placement: JSON, *, slurmd: bool) -> JSON:
-    container: JSON = {
-        "name": "slurmd",
-        "image": "slurmd",
-        "args": ["--conf", "CPUs=1 RealMemory=500"],
-    }
+    spec = pods.slurmd_pod_spec(["--conf", "CPUs=1 RealMemory=500"])
     if not slurmd:
-        container = {"name": "main", "image": "sleep", "command": ["sleep", "3600"]}
+        spec["containers"] = [
+            {"name": "main", "image": nodes.image_ref("slurm"), "command": ["sleep", "3600"]}
+        ]
+        del spec["volumes"]
     return {
         "metadata": {"labels": {"app.kubernetes.io/instance": name}},
-        "spec": {"terminationGracePeriodSeconds": 10, "containers": [container], **placement},
+        "spec": {**spec, **placement},
     }
 
 
@@ -299,7 +300,7 @@ async def run() -> None:
         await wait(lambda: _metrics_up(metrics), 60)
         rows = []
         for label, n, placement, real in (
-            ("10 real slurmd", 10, PROCESS_PLACEMENT, True),
+            ("10 real slurmd", 10, REAL_PLACEMENT, True),
             ("200 kwok", 200, KWOK_PLACEMENT, False),
         ):
             ns_res = await run_nodeset(

@@ -13,7 +13,7 @@ def bench_testbed(kwok_nodes: int = 4) -> Testbed:
     """The benchmark test bed (started if it is not running)."""
     bed = Testbed(Path(paths.cache_dir() / "testbeds" / "bench"))
     if not bed.status_lines(only_running=True):
-        bed.up(process_nodes=3, kwok_nodes=kwok_nodes, log=print)
+        bed.up(real_nodes=3, kwok_nodes=kwok_nodes, log=print)
     return bed
 
 

@@ -16,11 +16,11 @@ import secrets
 import shutil
 import ssl
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,12 +28,14 @@ from typing import Any
 import jwt
 import yaml
 
-from slinky_testbed import paths, pki, procs, slurmconf
+from slinky_testbed import nodes, paths, pki, procs, slurmconf
 
 KUBE_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 ADMIN_USER = "slinky-admin"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 KUBELET_LABEL = "testbed.slinky.slurm.net/kubelet"
+# The apiserver's user towards kubelets (logs, exec, port-forward).
+KUBELET_CLIENT_USER = "kube-apiserver-kubelet-client"
 TOKEN_LIFETIME_S = 7 * 24 * 3600
 
 
@@ -50,8 +52,13 @@ class State:
     admin_token: str = ""
     slurm_token: str = ""
     etcd_dir: str = ""
-    process_nodes: list[str] = field(default_factory=list)
     kwok_nodes: list[str] = field(default_factory=list)
+    # Real nodes (kubelet + containerd): names, and the second octet of their 10.X.0.0/16.
+    real_nodes: list[str] = field(default_factory=list)
+    node_octet: int = 0
+    # Seconds from starting the first containerd to every node Ready (for reports).
+    nodes_ready_s: float = 0.0
+    images_import_s: float = 0.0
 
 
 class Testbed:
@@ -66,6 +73,8 @@ class Testbed:
         self.logs = self.dir / "logs"
         self.kubeconfig = self.dir / "kubeconfig"
         self.state_file = self.dir / "state.json"
+        self.nodes_dir = self.dir / "nodes"
+        self._nodes_t0 = 0.0
 
     # ---------------------------------------------------------------- state
 
@@ -73,7 +82,19 @@ class Testbed:
         if not self.state_file.exists():
             return State()
         data = json.loads(self.state_file.read_text())
-        return State(**data)
+        known = State.__dataclass_fields__
+        return State(**{k: v for k, v in data.items() if k in known})
+
+    def names(self, state: State | None = None) -> nodes.Names:
+        """Host-wide names (network namespace, veth, cgroups) of this test bed's real nodes."""
+        return nodes.Names.for_dir(self.dir, (state or self.load()).node_octet)
+
+    @property
+    def api_host(self) -> str:
+        """Where the apiserver (and slurmctld) serve: the host side of the pod network when
+        real nodes run, else loopback."""
+        state = self.load()
+        return self.names(state).host_ip if state.real_nodes else "127.0.0.1"
 
     def save(self, state: State) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -85,10 +106,6 @@ class Testbed:
         out = []
         for name, (pid, started) in ((n, tuple(v)) for n, v in state.pids.items()):
             out.append((name, procs.Proc(pid, started)))
-        for pidfile in sorted((self.dir / "kubelet" / "pids").glob("*")):
-            with contextlib.suppress(ValueError, OSError):
-                pid, started = (int(x) for x in pidfile.read_text().split())
-                out.append((f"pod:{pidfile.name}", procs.Proc(pid, started)))
         return out
 
     # ---------------------------------------------------------------- env
@@ -98,8 +115,14 @@ class Testbed:
         return f"http://127.0.0.1:{self.load().ports['slurmrestd']}"
 
     @property
+    def slurm_rest_url_for_pods(self) -> str:
+        """slurmrestd as pods on real nodes reach it (and this host too)."""
+        return f"http://{self.api_host}:{self.load().ports['slurmrestd']}"
+
+    @property
     def slurmctld_addr(self) -> str:
-        return f"127.0.0.1:{self.load().ports['slurmctld']}"
+        """host:port of slurmctld that both this host and pods on real nodes reach."""
+        return f"{self.api_host}:{self.load().ports['slurmctld']}"
 
     @property
     def jwt_key_path(self) -> Path:
@@ -121,7 +144,7 @@ class Testbed:
             "SLURM_REST_URL": f"http://127.0.0.1:{state.ports['slurmrestd']}",
             "SLURM_JWT": state.slurm_token,
             "SLURM_JWT_KEY": str(self.jwt_key_path),
-            "SLURMCTLD_ADDR": f"127.0.0.1:{state.ports['slurmctld']}",
+            "SLURMCTLD_ADDR": self.slurmctld_addr,
             "SLINKY_TESTBED_DIR": str(self.dir),
             "SLINKY_SLURM_ROOT": str(self.root),
             "SLINKY_ETCD_URL": f"http://127.0.0.1:{state.ports['etcd']}",
@@ -130,20 +153,25 @@ class Testbed:
     # ---------------------------------------------------------------- up
 
     def up(
-        self, *, process_nodes: int = 3, kwok_nodes: int = 0, log: Callable[[str], None]
+        self,
+        *,
+        real_nodes: int = 0,
+        kwok_nodes: int = 0,
+        log: Callable[[str], None],
     ) -> None:
         """Start every component and wait until each is ready (or raise with its log)."""
         if self.status_lines(only_running=True):
             raise TestbedError(
                 f"test bed {self.dir} is already up; run `slinky testbed down` first"
             )
-        self._check_binaries()
+        self._check_binaries(real_nodes=real_nodes)
+        # Whatever a killed run of this test bed left on the host goes first.
+        nodes.cleanup(self.names(), self.nodes_dir, log=lambda _m: None)
         t0 = time.monotonic()
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.logs.exists():
             shutil.rmtree(self.logs)
         self.logs.mkdir()
-        shutil.rmtree(self.dir / "kubelet", ignore_errors=True)
         self._ensure_root(log)
         self._mount_root()
         pki.ensure_pki(self.pki)
@@ -164,16 +192,23 @@ class Testbed:
         state.etcd_dir = (
             f"/dev/shm/slinky-etcd-{hashlib.sha1(str(self.dir).encode()).hexdigest()[:10]}"
         )
-        state.process_nodes = [f"proc-{i}" for i in range(process_nodes)]
         state.kwok_nodes = [f"kwok-{i}" for i in range(kwok_nodes)]
+        state.real_nodes = [nodes.node_name(i) for i in range(real_nodes)]
+        if real_nodes:
+            state.node_octet = nodes.pick_octet(self.names(state))
         self.save(state)
         self._write_kubeconfig(state)
         slurmconf.write_slurm_config(
-            self.root, ctld_port=state.ports["slurmctld"], slurmd_port=state.ports["slurmd"]
+            self.root,
+            ctld_port=state.ports["slurmctld"],
+            slurmd_port=state.ports["slurmd"],
+            ctld_addr=self.names(state).host_ip if real_nodes else None,
         )
         state.slurm_token = self.mint_slurm_token()
 
         try:
+            if real_nodes:
+                nodes.setup_network(self.names(state), real_nodes)
             self._start_etcd(state)
             self._start_slurmctld(state)
             self._wait(
@@ -184,7 +219,8 @@ class Testbed:
             self._start_slurmrestd(state)
             self._wait("kube-apiserver", lambda: self._kube_ok(state, "/readyz"), 90)
             self._start_kcm_and_scheduler(state)
-            self._start_kubelet(state)
+            if real_nodes:
+                self._start_real_nodes(state, log)
             self._start_kwok(state)
             self._wait("slurmrestd", lambda: self._slurmrestd_ok(state), 30)
             self._wait(
@@ -197,7 +233,9 @@ class Testbed:
                 lambda: self._http_ok(f"https://127.0.0.1:{state.ports['scheduler']}/healthz"),
                 60,
             )
-            self._wait("nodes", lambda: self._nodes_ready(state), 60)
+            self._wait("nodes", lambda: self._nodes_ready(state), 120)
+            if real_nodes:
+                state.nodes_ready_s = time.monotonic() - self._nodes_t0
         except BaseException:
             self.save(state)
             self.down(log=lambda _m: None)
@@ -205,10 +243,12 @@ class Testbed:
         self.save(state)
         log(f"test bed up in {time.monotonic() - t0:.1f}s ({self.dir})")
 
-    def _check_binaries(self) -> None:
+    def _check_binaries(self, *, real_nodes: int) -> None:
         missing = [
             b for b in (*KUBE_BINARIES, "etcd", "kwok") if not (paths.bin_dir() / b).exists()
         ]
+        if real_nodes:
+            missing += nodes.check_binaries()
         if missing or not paths.slurm_root_tarball().exists():
             raise TestbedError(
                 f"missing test bed binaries {missing or ['slurm root']}: run `slinky testbed build`"
@@ -249,7 +289,12 @@ class Testbed:
                 subprocess.run(["umount", "-l", str(target)], check=False)
 
     def _spawn(
-        self, state: State, name: str, argv: Sequence[str], *, env: dict[str, str] | None = None
+        self,
+        state: State,
+        name: str,
+        argv: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
     ) -> None:
         logf = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 - owned by the child
         child_env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
@@ -275,11 +320,7 @@ class Testbed:
             with contextlib.suppress(Exception):
                 if ready():
                     return
-            dead = [
-                n
-                for n, p in self.tracked_processes(state)
-                if not n.startswith("pod:") and not p.alive()
-            ]
+            dead = [n for n, p in self.tracked_processes(state) if not p.alive()]
             if dead:
                 raise TestbedError(
                     f"{dead[0]} exited while waiting for {name}\n" + self._log_tail(dead[0])
@@ -292,7 +333,7 @@ class Testbed:
             "kube-apiserver": "apiserver",
             "kube-controller-manager": "kcm",
             "kube-scheduler": "scheduler",
-            "nodes": "kubelet",
+            "nodes": "kubelet-node-0",
         }
         path = self.logs / f"{candidates.get(name, name)}.log"
         if not path.exists():
@@ -327,18 +368,36 @@ class Testbed:
         tokens = self.pki / "tokens.csv"
         tokens.write_text(f'{state.admin_token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
         k = self.pki
+        host = self.names(state).host_ip if state.real_nodes else "127.0.0.1"
+        if state.real_nodes:
+            # Pods reach the apiserver on the host side of their network: it serves (only)
+            # there, and advertises it so the `kubernetes` Service gets that endpoint.
+            crt, key = pki.serving_cert(k, f"apiserver-{host}", [*pki.APISERVER_NAMES, host])
+            kubelet_crt, kubelet_key = pki.client_cert(
+                k, "apiserver-kubelet-client", user=KUBELET_CLIENT_USER, group="testbed"
+            )
+            node_args = [
+                "--endpoint-reconciler-type=lease",
+                f"--kubelet-client-certificate={kubelet_crt}",
+                f"--kubelet-client-key={kubelet_key}",
+                # The default tries the node's hostname first: a DNS query to the outside.
+                "--kubelet-preferred-address-types=InternalIP",
+            ]
+        else:
+            crt, key = k / "apiserver.crt", k / "apiserver.key"
+            node_args = ["--endpoint-reconciler-type=none"]
         self._spawn(
             state,
             "apiserver",
             [
                 str(paths.bin_dir() / "kube-apiserver"),
                 f"--etcd-servers=http://127.0.0.1:{state.ports['etcd']}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
+                f"--bind-address={host}",
+                f"--advertise-address={host}",
                 f"--secure-port={state.ports['apiserver']}",
-                "--endpoint-reconciler-type=none",
-                f"--tls-cert-file={k / 'apiserver.crt'}",
-                f"--tls-private-key-file={k / 'apiserver.key'}",
+                *node_args,
+                f"--tls-cert-file={crt}",
+                f"--tls-private-key-file={key}",
                 f"--client-ca-file={k / 'ca.crt'}",
                 f"--token-auth-file={tokens}",
                 "--authorization-mode=Node,RBAC",
@@ -347,7 +406,7 @@ class Testbed:
                 f"--service-account-signing-key-file={k / 'sa.key'}",
                 "--service-cluster-ip-range=10.0.0.0/24",
                 "--allow-privileged=true",
-                "--disable-admission-plugins=ServiceAccount",
+                "--enable-admission-plugins=NodeRestriction",
                 "--enable-priority-and-fairness=false",
                 "--max-requests-inflight=0",
                 "--max-mutating-requests-inflight=0",
@@ -391,19 +450,6 @@ class Testbed:
             ],
         )
 
-    def _start_kubelet(self, state: State) -> None:
-        argv = [
-            sys.executable,
-            "-m",
-            "slinky_testbed.kubelet",
-            f"--kubeconfig={self.kubeconfig}",
-            f"--root={self.root}",
-            f"--state-dir={self.dir / 'kubelet'}",
-        ]
-        argv += [f"--node={n}" for n in state.process_nodes]
-        env = {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        self._spawn(state, "kubelet", argv, env=env)
-
     def _start_kwok(self, state: State) -> None:
         if not state.kwok_nodes:
             return
@@ -426,10 +472,130 @@ class Testbed:
             ],
         )
 
+    def _start_real_nodes(self, state: State, log: Callable[[str], None]) -> None:
+        """Per node a containerd (images imported) and a kubelet with its own client
+        certificate; then kube-proxy and CoreDNS once. All inside the test bed's network
+        namespace and cgroups."""
+        from slinky_testbed import kubeapi
+
+        names = self.names(state)
+        api = kubeapi.Admin(self.kubeconfig)
+
+        def cluster_objects() -> bool:
+            for manifest in [_kubelet_api_binding(), *_dns_service(names.ns_ip)]:
+                api.create(manifest)  # kube-system may take a moment to appear
+            return True
+
+        self._wait("kube-dns Service", cluster_objects, 30)
+        nodes.make_cgroup(names.cgroup_system)
+        env = {"PATH": f"{paths.bin_dir()}:/usr/sbin:/usr/bin:/sbin:/bin"}
+        self._nodes_t0 = time.monotonic()
+        sockets = []
+        for i, name in enumerate(state.real_nodes):
+            d = self.nodes_dir / name
+            (d / "cni").mkdir(parents=True)
+            (d / "containerd").mkdir()
+            root = self.dir / "containerd-roots" / name
+            root.mkdir(parents=True, exist_ok=True)
+            (d / "containerd.toml").write_text(
+                nodes.containerd_config(d, root, nodes.cni_bin_dir())
+            )
+            (d / "cni" / "10-testbed.conflist").write_text(nodes.cni_config(names, i, d))
+            nodes.make_cgroup(names.cgroup_node(i))
+            self._spawn(
+                state,
+                f"containerd-{name}",
+                nodes.node_daemon(
+                    names,
+                    str(paths.bin_dir() / "containerd"),
+                    "--config",
+                    str(d / "containerd.toml"),
+                ),
+                env=env,
+            )
+            sockets.append(d / "containerd" / "containerd.sock")
+        for name, sock in zip(state.real_nodes, sockets, strict=True):
+            self._wait(f"containerd-{name}", sock.exists, 60)
+        archives = nodes.image_archives()
+        t0 = time.monotonic()
+
+        def import_into(name: str, sock: Path) -> bool:
+            stamp = self.dir / "containerd-roots" / f"{name}.imported"
+            return nodes.import_images(sock, archives, stamp)
+
+        with ThreadPoolExecutor(max_workers=len(sockets)) as pool:
+            imported = sum(pool.map(import_into, state.real_nodes, sockets))
+        state.images_import_s = time.monotonic() - t0
+        if imported:
+            log(f"imported {len(archives)} images into {imported} nodes")
+        ca = self.pki / "ca.crt"
+        for i, name in enumerate(state.real_nodes):
+            d = self.nodes_dir / name
+            crt, key = pki.client_cert(
+                self.pki, f"kubelet-{name}", user=f"system:node:{name}", group="system:nodes"
+            )
+            kubeconfig = d / "kubeconfig"
+            self._write_kubeconfig(state, path=kubeconfig, cert=(crt, key))
+            (d / "kubelet.yaml").write_text(
+                nodes.kubelet_config(names, i, d, ca, dns_ip=names.ns_ip)
+            )
+            self._spawn(
+                state,
+                f"kubelet-{name}",
+                nodes.node_daemon(
+                    names,
+                    str(paths.bin_dir() / "kubelet"),
+                    f"--config={d / 'kubelet.yaml'}",
+                    f"--kubeconfig={kubeconfig}",
+                    f"--hostname-override={name}",
+                    f"--node-ip={names.node_ip(i)}",
+                    f"--root-dir={d / 'kubelet'}",
+                    f"--cert-dir={d / 'kubelet-pki'}",
+                    f"--node-labels={KUBELET_LABEL}={nodes.REAL_NODE_LABEL_VALUE}",
+                    "--v=1",
+                ),
+                env=env,
+            )
+        proxy = self.nodes_dir / "kube-proxy.yaml"
+        proxy.write_text(nodes.kube_proxy_config(names, self.kubeconfig, state.real_nodes[0]))
+        self._spawn(
+            state,
+            "kube-proxy",
+            nodes.node_daemon(names, str(paths.bin_dir() / "kube-proxy"), f"--config={proxy}"),
+            env=env,
+        )
+        corefile = self.nodes_dir / "Corefile"
+        corefile.write_text(nodes.corefile(names, self.kubeconfig))
+        self._spawn(
+            state,
+            "coredns",
+            nodes.node_daemon(names, str(paths.bin_dir() / "coredns"), "-conf", str(corefile)),
+            env=env,
+        )
+
+    def _stop_real_nodes(self, state: State, log: Callable[[str], None]) -> None:
+        """Pods first, through the API, so that kubelets run preStop hooks and tear their
+        sandboxes down; then kubelets, then containerd; then everything by name."""
+        from slinky_testbed import kubeapi
+
+        if state.real_nodes and "apiserver" in state.pids:
+            if "scheduler" in state.pids:  # no new pod gets bound while we drain
+                self.stop_component("scheduler")
+            with contextlib.suppress(Exception):
+                left = kubeapi.Admin(self.kubeconfig).delete_pods_on(state.real_nodes, timeout=90)
+                if left:
+                    log(f"pods still terminating after 90s, stopping their nodes: {left}")
+        for prefix in ("kubelet-", "kube-proxy", "coredns", "containerd-"):
+            group = [p for n, p in self.tracked_processes(state) if n.startswith(prefix)]
+            procs.stop_all(group, grace=10)
+
     def _start_slurmctld(self, state: State) -> None:
         self._spawn(state, "slurmctld", ["chroot", str(self.root), "slurmctld", "-D", "-i"])
 
     def _start_slurmrestd(self, state: State) -> None:
+        listen = [f"127.0.0.1:{state.ports['slurmrestd']}"]
+        if state.real_nodes:  # also where pods (e.g. an operator in a pod) reach it
+            listen.append(f"{self.names(state).host_ip}:{state.ports['slurmrestd']}")
         self._spawn(
             state,
             "slurmrestd",
@@ -443,7 +609,7 @@ class Testbed:
                 slurmconf.REST_USER,
                 "-a",
                 "rest_auth/jwt",
-                f"127.0.0.1:{state.ports['slurmrestd']}",
+                *listen,
             ],
             env={"SLURM_JWT": "daemon"},
         )
@@ -493,8 +659,9 @@ class Testbed:
             return bool(r.status == 200)
 
     def _kube_ok(self, state: State, path: str) -> bool:
+        host = self.names(state).host_ip if state.real_nodes else "127.0.0.1"
         req = urllib.request.Request(
-            f"https://127.0.0.1:{state.ports['apiserver']}{path}",
+            f"https://{host}:{state.ports['apiserver']}{path}",
             headers={"Authorization": f"Bearer {state.admin_token}"},
         )
         with urllib.request.urlopen(req, timeout=2, context=self._ssl()) as r:
@@ -518,15 +685,19 @@ class Testbed:
     def _nodes_ready(self, state: State) -> bool:
         from slinky_testbed import kubeapi
 
-        want = set(state.process_nodes) | set(state.kwok_nodes)
+        want = set(state.kwok_nodes) | set(state.real_nodes)
         return want <= kubeapi.Admin(self.kubeconfig).ready_nodes()
 
     # ---------------------------------------------------------------- kubeconfig
 
-    def _write_kubeconfig(self, state: State) -> None:
+    def _write_kubeconfig(
+        self, state: State, *, path: Path | None = None, cert: tuple[Path, Path] | None = None
+    ) -> None:
+        """The admin kubeconfig, or (with `cert`) one authenticating by client certificate."""
         import base64
 
         ca = base64.b64encode((self.pki / "ca.crt").read_bytes()).decode()
+        host = self.names(state).host_ip if state.real_nodes else "127.0.0.1"
         config: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Config",
@@ -535,12 +706,21 @@ class Testbed:
                 {
                     "name": "slinky-testbed",
                     "cluster": {
-                        "server": f"https://127.0.0.1:{state.ports['apiserver']}",
+                        "server": f"https://{host}:{state.ports['apiserver']}",
                         "certificate-authority-data": ca,
                     },
                 }
             ],
-            "users": [{"name": ADMIN_USER, "user": {"token": state.admin_token}}],
+            "users": [
+                {
+                    "name": ADMIN_USER,
+                    "user": (
+                        {"client-certificate": str(cert[0]), "client-key": str(cert[1])}
+                        if cert
+                        else {"token": state.admin_token}
+                    ),
+                }
+            ],
             "contexts": [
                 {
                     "name": "slinky-testbed",
@@ -548,8 +728,9 @@ class Testbed:
                 }
             ],
         }
-        self.kubeconfig.write_text(yaml.safe_dump(config))
-        os.chmod(self.kubeconfig, 0o600)
+        target = path or self.kubeconfig
+        target.write_text(yaml.safe_dump(config))
+        os.chmod(target, 0o600)
 
     # ---------------------------------------------------------------- slurm commands
 
@@ -566,26 +747,47 @@ class Testbed:
             env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root"},
         )
 
+    def kubectl(
+        self, argv: Sequence[str], *, timeout: float | None = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """Run kubectl against this test bed (as cluster admin), capturing its output."""
+        return subprocess.run(
+            [str(paths.bin_dir() / "kubectl"), f"--kubeconfig={self.kubeconfig}", *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
     # ---------------------------------------------------------------- down / status
 
     def down(self, *, log: Callable[[str], None]) -> None:
         """Stop exactly the processes this test bed started, then unmount and free tmpfs."""
         state = self.load()
+        t0 = time.monotonic()
+        self._stop_real_nodes(state, log)
+        t_nodes = time.monotonic()
         tracked = self.tracked_processes(state)
-        # The kubelet first, so that it stops its pods' processes itself.
-        order = sorted(tracked, key=lambda t: (t[0] != "kubelet", t[0].startswith("pod:")))
-        left = procs.stop_all([p for _, p in order[:1]], grace=10) if order else []
-        left += procs.stop_all([p for _, p in order[1:]], grace=10)
+        # etcd last: the apiserver removes its own endpoint from etcd while it shuts down, and
+        # would wait out its grace period for an etcd that is already gone.
+        left = procs.stop_all([p for n, p in tracked if n != "etcd"], grace=10)
+        left += procs.stop_all([p for n, p in tracked if n == "etcd"], grace=10)
         if left:
             raise TestbedError(f"processes still running after SIGKILL: {[p.pid for p in left]}")
+        t_rest = time.monotonic()
+        nodes.cleanup(self.names(state), self.nodes_dir, log=lambda _m: None)
         self._unmount_root()
         if state.etcd_dir:
             shutil.rmtree(state.etcd_dir, ignore_errors=True)
         state.pids = {}
         state.ports = {}
         self.save(state)
-        shutil.rmtree(self.dir / "kubelet", ignore_errors=True)
-        log(f"test bed down ({self.dir})")
+        t_end = time.monotonic()
+        log(
+            f"test bed down in {t_end - t0:.1f}s ({self.dir}): real nodes "
+            f"{t_nodes - t0:.1f}s, other processes {t_rest - t_nodes:.1f}s, "
+            f"cleanup {t_end - t_rest:.1f}s"
+        )
 
     def status_lines(self, *, only_running: bool = False) -> list[str]:
         state = self.load()
@@ -600,3 +802,50 @@ class Testbed:
                 + (f" port {port}" if port else "")
             )
         return out
+
+
+def _kubelet_api_binding() -> dict[str, Any]:
+    """Kubelets authorize API calls by asking the apiserver; this lets the apiserver itself
+    (logs, exec, port-forward) through."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "testbed:kubelet-api-admin"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "system:kubelet-api-admin",
+        },
+        "subjects": [
+            {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": KUBELET_CLIENT_USER}
+        ],
+    }
+
+
+def _dns_service(dns_ip: str) -> list[dict[str, Any]]:
+    """The `kube-dns` Service in front of CoreDNS, which runs as a test bed process on `dns_ip`
+    (so its endpoints are given, not selected)."""
+    ports = [("dns", "UDP"), ("dns-tcp", "TCP")]
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "kube-dns", "namespace": "kube-system"},
+            "spec": {
+                "clusterIP": nodes.DNS_SERVICE_IP,
+                "ports": [{"name": n, "port": 53, "protocol": p} for n, p in ports],
+            },
+        },
+        {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {
+                "name": "kube-dns-testbed",
+                "namespace": "kube-system",
+                "labels": {"kubernetes.io/service-name": "kube-dns"},
+            },
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [dns_ip], "conditions": {"ready": True}}],
+            "ports": [{"name": n, "port": 53, "protocol": p} for n, p in ports],
+        },
+    ]

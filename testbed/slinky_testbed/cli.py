@@ -15,7 +15,7 @@ from slinky_testbed.bed import Testbed, TestbedError
 
 def build() -> None:
     """Build (or find cached) everything the test bed runs."""
-    for script in ("build-slurm-root.sh", "build-kube.sh"):
+    for script in ("build-slurm-root.sh", "build-kube.sh", "build-node.sh"):
         subprocess.run(["bash", str(paths.hack_dir() / script)], check=True)
 
 
@@ -32,8 +32,10 @@ def main(argv: list[str] | None = None) -> None:
     cmds = tb.add_subparsers(dest="cmd", required=True)
     cmds.add_parser("build", help="build/cache the binaries and the Slurm root")
     up = cmds.add_parser("up", help="start the test bed")
-    up.add_argument("--process-nodes", type=int, default=3)
-    up.add_argument("--kwok-nodes", type=int, default=0)
+    up.add_argument(
+        "--nodes", type=int, default=2, help="real nodes (kubelet + containerd), default 2"
+    )
+    up.add_argument("--kwok-nodes", type=int, default=0, help="fake nodes for scale tests")
     cmds.add_parser("down", help="stop exactly the processes `up` started")
     cmds.add_parser("status", help="list the test bed's processes")
     cmds.add_parser("env", help="print shell export lines")
@@ -48,7 +50,11 @@ def main(argv: list[str] | None = None) -> None:
         if args.cmd == "build":
             build()
         elif args.cmd == "up":
-            bed.up(process_nodes=args.process_nodes, kwok_nodes=args.kwok_nodes, log=print)
+            bed.up(
+                real_nodes=args.nodes,
+                kwok_nodes=args.kwok_nodes,
+                log=print,
+            )
             print(f"run `eval $(slinky testbed --dir {bed.dir} env)` to use it")
         elif args.cmd == "down":
             bed.down(log=print)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import yaml
 
-from slinky_testbed import dev_bridge, paths, procs
+from slinky_testbed import dev_bridge, paths, pods, procs
 from slinky_testbed.bed import Testbed
 
 NAMESPACE = "slurm"
@@ -48,6 +48,7 @@ def sample_objects(bed: Testbed) -> list[dict[str, object]]:
             "metadata": {"name": "slurm-jwt", "namespace": NAMESPACE},
             "data": {"jwt_hs256.key": key},
         },
+        pods.slurm_key_secret(bed, NAMESPACE),
         {
             "apiVersion": "slinky.slurm.net/v1alpha1",
             "kind": "Cluster",
@@ -69,15 +70,7 @@ def sample_objects(bed: Testbed) -> list[dict[str, object]]:
                 "selector": {"matchLabels": labels},
                 "template": {
                     "metadata": {"labels": labels},
-                    "spec": {
-                        "containers": [
-                            {
-                                "name": "slurmd",
-                                "image": "slurmd",
-                                "args": ["--conf", "CPUs=2 RealMemory=1000"],
-                            }
-                        ]
-                    },
+                    "spec": pods.slurmd_pod_spec(["--conf", "CPUs=2 RealMemory=1000"]),
                 },
             },
         },
@@ -131,8 +124,25 @@ def main() -> None:
     ports = None
     if not operator_running(bed):
         ports = start_operator(bed)
-    manifest = yaml.safe_dump_all(sample_objects(bed))
-    kubectl(bed, "apply", "--server-side", "--field-manager=slinky-dev", "-f", "-", stdin=manifest)
+    objects = sample_objects(bed)
+    nodesets = [o for o in objects if o["kind"] == "NodeSet"]
+    # The Cluster first, and Ready: the operator hands slurmd pods `--conf-server` from the
+    # Cluster it has connected to, and a pod created before that would lack it.
+    for batch in ([o for o in objects if o["kind"] != "NodeSet"], nodesets):
+        manifest = yaml.safe_dump_all(batch)
+        kubectl(
+            bed, "apply", "--server-side", "--field-manager=slinky-dev", "-f", "-", stdin=manifest
+        )
+        if batch is not nodesets:
+            kubectl(
+                bed,
+                "wait",
+                "--for=condition=Ready",
+                "-n",
+                NAMESPACE,
+                "slurmcluster/slurm",
+                "--timeout=60s",
+            )
     where = f"metrics http://127.0.0.1:{ports[0]}/metrics, " if ports else ""
     print(f"""
 Slinky dev environment is up ({bed.dir}).

@@ -5,6 +5,16 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+APISERVER_NAMES = [
+    "127.0.0.1",
+    "10.0.0.1",
+    "localhost",
+    "kubernetes",
+    "kubernetes.default",
+    "kubernetes.default.svc",
+    "kubernetes.default.svc.cluster.local",
+]
+
 
 def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
@@ -32,19 +42,7 @@ def ensure_pki(directory: Path) -> None:
         "ca.crt",
         cwd=directory,
     )
-    serving_cert(
-        directory,
-        "apiserver",
-        [
-            "127.0.0.1",
-            "10.0.0.1",
-            "localhost",
-            "kubernetes",
-            "kubernetes.default",
-            "kubernetes.default.svc",
-            "kubernetes.default.svc.cluster.local",
-        ],
-    )
+    serving_cert(directory, "apiserver", APISERVER_NAMES)
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=directory)
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=directory)
 
@@ -64,6 +62,47 @@ def serving_cert(directory: Path, name: str, hosts: list[str]) -> tuple[Path, Pa
         key.name,
         "-subj",
         f"/CN={name}",
+        "-out",
+        f"{name}.csr",
+        cwd=directory,
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        "ca.crt",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "3650",
+        "-sha256",
+        "-extfile",
+        f"{name}.ext",
+        "-out",
+        crt.name,
+        cwd=directory,
+    )
+    return crt, key
+
+
+def client_cert(directory: Path, name: str, *, user: str, group: str) -> tuple[Path, Path]:
+    """A client certificate signed by the test bed CA: CN is the user, O the group (the way
+    kubelets authenticate as `system:node:<name>` in `system:nodes`)."""
+    crt, key = directory / f"{name}.crt", directory / f"{name}.key"
+    if crt.exists() and key.exists():
+        return crt, key
+    (directory / f"{name}.ext").write_text("extendedKeyUsage=clientAuth\n")
+    _openssl("genrsa", "-out", key.name, "2048", cwd=directory)
+    _openssl(
+        "req",
+        "-new",
+        "-key",
+        key.name,
+        "-subj",
+        f"/O={group}/CN={user}",
         "-out",
         f"{name}.csr",
         cwd=directory,

@@ -61,18 +61,19 @@ def stop_all(procs: list[Proc], *, grace: float = 10.0) -> list[Proc]:
         p.signal(signal.SIGTERM, group=True)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(p.alive() for p in procs):
-        _reap()
+        reap()
         time.sleep(0.05)
     for p in procs:
         p.signal(signal.SIGKILL, group=True)
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and any(p.alive() for p in procs):
-        _reap()
+        reap()
         time.sleep(0.05)
     return [p for p in procs if p.alive()]
 
 
-def _reap() -> None:
+def reap() -> None:
+    """Collect this process' exited children, so they leave the process table."""
     with contextlib.suppress(ChildProcessError):
         while os.waitpid(-1, os.WNOHANG)[0] > 0:
             pass

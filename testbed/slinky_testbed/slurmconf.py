@@ -11,11 +11,17 @@ REST_USER = "restd"
 JWT_KEY_PATH = "/etc/slurm/jwt_hs256.key"
 
 
-def slurm_conf(*, ctld_port: int, slurmd_port: int, max_nodes: int = 4096) -> str:
-    """The slurm.conf text. Dynamic nodes (`slurmd -Z`) join the `all` partition."""
+def slurm_conf(
+    *, ctld_port: int, slurmd_port: int, ctld_addr: str | None = None, max_nodes: int = 4096
+) -> str:
+    """The slurm.conf text. Dynamic nodes (`slurmd -Z`) join the `all` partition.
+
+    `ctld_addr` is where configless slurmds in pods reach slurmctld; the name stays
+    `localhost` so that slurmctld still knows it is the controller named there."""
+    host = f"localhost({ctld_addr})" if ctld_addr else "localhost"
     lines = [
         "ClusterName=slinky",
-        "SlurmctldHost=localhost",
+        f"SlurmctldHost={host}",
         f"SlurmctldPort={ctld_port}",
         f"SlurmdPort={slurmd_port}",
         f"SlurmUser={SLURM_USER}",
@@ -49,11 +55,15 @@ def slurm_conf(*, ctld_port: int, slurmd_port: int, max_nodes: int = 4096) -> st
     return "\n".join(lines)
 
 
-def write_slurm_config(root: Path, *, ctld_port: int, slurmd_port: int) -> None:
+def write_slurm_config(
+    root: Path, *, ctld_port: int, slurmd_port: int, ctld_addr: str | None = None
+) -> None:
     """Write slurm.conf, cgroup.conf and fresh keys into the Slurm root; reset daemon state."""
     etc = root / "etc" / "slurm"
     etc.mkdir(parents=True, exist_ok=True)
-    (etc / "slurm.conf").write_text(slurm_conf(ctld_port=ctld_port, slurmd_port=slurmd_port))
+    (etc / "slurm.conf").write_text(
+        slurm_conf(ctld_port=ctld_port, slurmd_port=slurmd_port, ctld_addr=ctld_addr)
+    )
     (etc / "cgroup.conf").write_text("CgroupPlugin=disabled\n")
     for name, size in (("slurm.key", 1024), ("jwt_hs256.key", 32)):
         path = etc / name

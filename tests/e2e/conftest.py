@@ -19,16 +19,18 @@ from tests.e2e.nodeset_fixtures import env
 from tests.e2e.operator_fixtures import crds, operator
 
 pytestmark = pytest.mark.e2e
+SERVICE_ACCOUNTS = rest.Resource("", "v1", "serviceaccounts", "ServiceAccount")
 
-E2E_PROCESS_NODES = 3
+E2E_REAL_NODES = 2
 E2E_KWOK_NODES = 2
 
 
 def _all_running(bed: Testbed) -> bool:
     state = bed.load()
-    names = {"etcd", "apiserver", "kcm", "scheduler", "kubelet", "slurmctld", "slurmrestd"}
+    names = {"etcd", "apiserver", "kcm", "scheduler", "slurmctld", "slurmrestd"}
+    names |= {f"{d}-{n}" for n in state.real_nodes for d in ("kubelet", "containerd")}
     running = {line.split()[0] for line in bed.status_lines(only_running=True)}
-    return bool(state.ports) and names <= running
+    return bool(state.ports) and len(state.real_nodes) == E2E_REAL_NODES and names <= running
 
 
 @pytest.fixture(scope="session")
@@ -44,7 +46,7 @@ def testbed() -> Iterator[Testbed]:
         return
     if bed.status_lines(only_running=True):
         bed.down(log=print)
-    bed.up(process_nodes=E2E_PROCESS_NODES, kwok_nodes=E2E_KWOK_NODES, log=print)
+    bed.up(real_nodes=E2E_REAL_NODES, kwok_nodes=E2E_KWOK_NODES, log=print)
     try:
         yield bed
     finally:
@@ -74,6 +76,13 @@ async def namespace(kube: rest.Kube, request: pytest.FixtureRequest) -> AsyncIte
     name = "".join(ch for ch in name if ch.isalnum() or ch == "-")
     await kube.create(
         rest.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+    )
+    # ServiceAccount admission refuses pods until the controller manager made `default`.
+    await wait_for(
+        lambda: kube.get(SERVICE_ACCOUNTS, "default", name),
+        timeout=30,
+        what=f"ServiceAccount default in {name}",
+        ignore=(rest.ApiError,),
     )
     yield name
     await kube.delete(rest.NAMESPACES, name)

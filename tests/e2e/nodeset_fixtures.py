@@ -1,6 +1,8 @@
 """Shared pieces of the NodeSet end-to-end tests: a Ready Cluster in the test namespace, the
 NodeSet manifest the tests start from, and small waits on Slurm state. The one place that
-says what a slurmd pod of the test bed looks like."""
+says what a slurmd pod of the test bed looks like: a container from the Slurm image on a real
+node, truly configless (`--conf-server` to slurmctld at the address pods reach; nothing
+mounted but the Slurm key)."""
 
 from __future__ import annotations
 
@@ -17,10 +19,12 @@ from slinky.slurm import errors
 from slinky.slurm.client import SlurmClient
 from slinky.slurm.tokens import MintedToken
 from slinky_testbed.bed import Testbed
+from slinky_testbed.pods import slurm_key_secret, slurmd_pod_spec
 from slinky_testbed.waiting import wait_for
 from tests.e2e.operator_fixtures import OperatorProcess, cluster, condition, secret
 
 JSON = dict[str, Any]
+__all__ = ["slurm_key_secret", "slurmd_pod_spec"]
 
 
 @dataclass
@@ -99,6 +103,7 @@ async def env(
         secret("slurm-jwt", **{"jwt_hs256.key": testbed.jwt_key_path.read_bytes()}),
         namespace,
     )
+    await kube.create(rest.SECRETS, slurm_key_secret(testbed), namespace)
     host, port = testbed.slurmctld_addr.split(":")
     await kube.create(
         CLUSTERS,
@@ -144,16 +149,7 @@ def nodeset_manifest(name: str, replicas: int, **spec: Any) -> JSON:
             "selector": {"matchLabels": {"app.kubernetes.io/instance": name}},
             "template": {
                 "metadata": {"labels": {"app.kubernetes.io/instance": name}},
-                "spec": {
-                    "terminationGracePeriodSeconds": 10,
-                    "containers": [
-                        {
-                            "name": "slurmd",
-                            "image": "slurmd",
-                            "args": ["--conf", "CPUs=2 RealMemory=1000"],
-                        }
-                    ],
-                },
+                "spec": slurmd_pod_spec(["--conf", "CPUs=2 RealMemory=1000"]),
             },
             **spec,
         },

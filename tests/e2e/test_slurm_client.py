@@ -20,6 +20,7 @@ from slinky.slurm.informer import SlurmEvent, SlurmInformer
 from slinky.slurm.tokens import MintedToken, StaticToken, TokenFile
 from slinky_testbed.bed import Testbed
 from slinky_testbed.waiting import wait_for
+from tests.e2e.nodeset_fixtures import slurm_key_secret, slurmd_pod_spec
 
 pytestmark = pytest.mark.e2e
 
@@ -42,8 +43,9 @@ SlurmdFactory = Callable[[str], Awaitable[str]]
 async def slurmd(
     kube: rest.Kube, testbed: Testbed, namespace: str, client: SlurmClient
 ) -> AsyncIterator[SlurmdFactory]:
-    """Start a slurmd pod on a process node; returns the Slurm node name once IDLE."""
+    """Start a slurmd pod on a real node; returns the Slurm node name once IDLE."""
     started: list[str] = []
+    await kube.create(rest.SECRETS, slurm_key_secret(testbed), namespace)
 
     async def start(feature: str) -> str:
         name = f"n{uuid.uuid4().hex[:8]}"
@@ -51,23 +53,16 @@ async def slurmd(
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": name},
-            "spec": {
-                "terminationGracePeriodSeconds": 5,
-                "containers": [
-                    {
-                        "name": "slurmd",
-                        "image": "slurmd",
-                        "command": [
-                            "slurmd",
-                            "-Z",
-                            "--conf-server",
-                            testbed.slurmctld_addr,
-                            "--conf",
-                            f"CPUs=2 RealMemory=1000 Features={feature}",
-                        ],
-                    }
-                ],
-            },
+            "spec": slurmd_pod_spec(
+                [
+                    "-D",
+                    "-Z",
+                    "--conf-server",
+                    testbed.slurmctld_addr,
+                    "--conf",
+                    f"CPUs=2 RealMemory=1000 Features={feature}",
+                ]
+            ),
         }
         await kube.create(rest.PODS, pod, namespace)
         started.append(name)

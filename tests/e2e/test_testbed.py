@@ -1,12 +1,10 @@
-"""The test bed itself: real apiserver + controller manager + scheduler, kwok, the process
-kubelet, and Slurm with JWT."""
+"""The test bed itself: real apiserver + controller manager + scheduler, kwok, real nodes, and
+Slurm with JWT. (Real nodes' own tests are in test_real_nodes.py.)"""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any
 
 import httpx2
@@ -14,7 +12,7 @@ import jwt
 import pytest
 
 from slinky.kube import rest
-from slinky_testbed import paths, procs
+from slinky_testbed import nodes
 from slinky_testbed.bed import Testbed
 from slinky_testbed.slurmrest import SlurmRest
 from slinky_testbed.waiting import wait_for
@@ -32,7 +30,14 @@ def pod(name: str, command: list[str], *, restart: str = "Never", **spec: Any) -
         "spec": {
             "restartPolicy": restart,
             "terminationGracePeriodSeconds": 10,
-            "containers": [{"name": "main", "image": "process", "command": command}],
+            "containers": [
+                {
+                    "name": "main",
+                    "image": nodes.image_ref("slurm"),
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": command,
+                }
+            ],
             **spec,
         },
     }
@@ -101,7 +106,13 @@ async def test_crd_and_deployment_with_gc_by_controller_manager(
             "template": {
                 "metadata": {"labels": {"app": "web"}},
                 "spec": {
-                    "containers": [{"name": "c", "image": "process", "command": ["sleep", "3600"]}]
+                    "containers": [
+                        {
+                            "name": "c",
+                            "image": nodes.image_ref("slurm"),
+                            "command": ["sleep", "3600"],
+                        }
+                    ]
                 },
             },
         },
@@ -150,7 +161,9 @@ async def test_hundred_pods_on_kwok_nodes_reach_running(kube: rest.Kube, namespa
     assert {p["spec"]["nodeName"] for p in items} <= {"kwok-0", "kwok-1"}
 
 
-async def test_ordinary_pods_land_on_process_nodes(kube: rest.Kube, namespace: str) -> None:
+async def test_ordinary_pods_land_on_real_nodes(
+    kube: rest.Kube, testbed: Testbed, namespace: str
+) -> None:
     await kube.create(rest.PODS, pod("plain", ["sleep", "300"]), namespace)
 
     async def bound() -> str:
@@ -158,107 +171,24 @@ async def test_ordinary_pods_land_on_process_nodes(kube: rest.Kube, namespace: s
         return str(got["spec"].get("nodeName", ""))
 
     node = await wait_for(bound, timeout=30, what="pod scheduled")
-    assert node.startswith("proc-")
+    assert node in testbed.load().real_nodes
 
 
-async def test_process_pod_exit_code_and_failed_phase(kube: rest.Kube, namespace: str) -> None:
-    await kube.create(rest.PODS, pod("exit3", ["sh", "-c", "exit 3"]), namespace)
-
-    async def failed() -> JSON | None:
-        got = await kube.get(rest.PODS, "exit3", namespace)
-        return got if (got.get("status") or {}).get("phase") == "Failed" else None
-
-    got = await wait_for(failed, timeout=30, what="pod Failed")
-    state = got["status"]["containerStatuses"][0]["state"]
-    assert state["terminated"]["exitCode"] == 3
-
-
-async def test_process_pod_restart_policy_restarts_and_succeeds(
+async def test_restart_policy_restarts_a_failed_container_until_it_succeeds(
     kube: rest.Kube, namespace: str
 ) -> None:
-    # Fails on its first run only (a marker file survives in the shared root), then exits 0.
-    marker = f"/tmp/{namespace}-once"
-    cmd = [
-        "sh",
-        "-c",
-        f"if [ -e {marker} ]; then rm {marker}; exit 0; else touch {marker}; exit 1; fi",
-    ]
-    await kube.create(rest.PODS, pod("flaky", cmd, restart="OnFailure"), namespace)
+    # Fails on its first run only (a marker in an emptyDir survives the restart), then exits 0.
+    cmd = ["sh", "-c", "if [ -e /m/once ]; then exit 0; else touch /m/once; exit 1; fi"]
+    spec = pod("flaky", cmd, restart="OnFailure", volumes=[{"name": "m", "emptyDir": {}}])
+    spec["spec"]["containers"][0]["volumeMounts"] = [{"name": "m", "mountPath": "/m"}]
+    await kube.create(rest.PODS, spec, namespace)
 
     async def succeeded() -> JSON | None:
         got = await kube.get(rest.PODS, "flaky", namespace)
         return got if (got.get("status") or {}).get("phase") == "Succeeded" else None
 
-    got = await wait_for(succeeded, timeout=30, what="pod Succeeded after one restart")
+    got = await wait_for(succeeded, timeout=90, what="pod Succeeded after one restart")
     assert got["status"]["containerStatuses"][0]["restartCount"] == 1
-
-
-async def test_slurmd_pod_registers_idle_and_prestop_runs_on_delete(
-    kube: rest.Kube, slurm: SlurmRest, testbed: Testbed, namespace: str
-) -> None:
-    name = f"sd-{namespace[-6:]}"
-    ctld = testbed.slurmctld_addr
-    spec = pod(
-        name,
-        [
-            "slurmd",
-            "-Z",
-            "-N",
-            name,
-            "--conf-server",
-            ctld,
-            "--conf",
-            "CPUs=2 RealMemory=1000 Features=e2e",
-        ],
-        restart="Always",
-    )
-    spec["spec"]["containers"][0]["lifecycle"] = {
-        "preStop": {
-            "exec": {
-                "command": [
-                    "scontrol",
-                    "update",
-                    f"nodename={name}",
-                    "state=down",
-                    "reason=e2e: pod terminating",
-                ]
-            }
-        }
-    }
-    await kube.create(rest.PODS, spec, namespace)
-
-    async def idle() -> JSON | None:
-        node = await slurm.node(name)
-        return node if node and "IDLE" in node["state"] else None
-
-    node = await wait_for(idle, timeout=60, what=f"Slurm node {name} IDLE")
-    assert "e2e" in node["features"]
-
-    async def container_id() -> str:
-        got = await kube.get(rest.PODS, name, namespace)
-        statuses = (got.get("status") or {}).get("containerStatuses") or []
-        return str(statuses[0].get("containerID", "")) if statuses else ""
-
-    cid = await wait_for(container_id, timeout=10, what="containerID in pod status")
-    pid = int(cid.removeprefix("process://"))
-    proc = procs.Proc.of(pid)
-    assert "slurmd" in Path(f"/proc/{pid}/cmdline").read_text()
-
-    await kube.delete(rest.PODS, name, namespace)
-
-    async def gone() -> bool:
-        try:
-            await kube.get(rest.PODS, name, namespace)
-        except rest.ApiError as e:
-            return e.not_found
-        return False
-
-    await wait_for(gone, timeout=30, what="pod finalized")
-    node = await slurm.node(name)
-    assert node is not None and "DOWN" in node["state"], node
-    assert node["reason"] == "e2e: pod terminating"
-    assert not proc.alive()
-    await slurm.call("DELETE", f"node/{name}")
 
 
 async def test_slurm_ping_with_jwt_and_bad_token_is_refused(
@@ -290,35 +220,3 @@ def test_env_prints_what_a_shell_needs(testbed: Testbed) -> None:
     ).stdout
     for var in ("KUBECONFIG", "SLURM_REST_URL", "SLURM_JWT", "SLURM_JWT_KEY", "SLURMCTLD_ADDR"):
         assert f"export {var}=" in out
-
-
-async def test_second_testbed_runs_beside_and_teardown_leaves_no_process(
-    tmp_path_factory: pytest.TempPathFactory, testbed: Testbed
-) -> None:
-    """Free ports per test bed, and `down` stops every PID it started (pods' included)."""
-    bed = Testbed(
-        Path(os.environ.get("SLINKY_E2E_SECOND_DIR", paths.cache_dir() / "testbeds" / "e2e-2"))
-    )
-    if bed.status_lines(only_running=True):
-        bed.down(log=print)
-    bed.up(process_nodes=1, kwok_nodes=0, log=print)
-    try:
-        assert set(bed.load().ports.values()).isdisjoint(testbed.load().ports.values())
-        kube = rest.Kube.from_kubeconfig(bed.kubeconfig)
-        try:
-            await kube.create(rest.PODS, pod("sleeper", ["sleep", "600"]), "default")
-
-            async def running() -> bool:
-                got = await kube.get(rest.PODS, "sleeper", "default")
-                return (got.get("status") or {}).get("phase") == "Running"
-
-            await wait_for(running, timeout=30, what="sleeper Running")
-        finally:
-            await kube.close()
-        tracked = [p for _, p in bed.tracked_processes(bed.load())]
-        assert any(name.startswith("pod:") for name, _ in bed.tracked_processes(bed.load()))
-    finally:
-        bed.down(log=print)
-    assert tracked and not [p.pid for p in tracked if p.alive()]
-    assert not bed.status_lines(only_running=True)
-    assert f" {bed.root}/proc " not in Path("/proc/mounts").read_text()
