@@ -1,11 +1,18 @@
 """Pieces shared by the long-running loops (Kubernetes and Slurm informers): exponential
-backoff with jitter, and a loop run as one restartable background task."""
+backoff with jitter, and a loop run as one supervised background task.
+
+A loop that dies of an unexpected exception is restarted with backoff, and reports itself
+unhealthy (`failure`) until it runs again, so `/healthz` shows it instead of a cache that
+silently stopped moving."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
+
+log = logging.getLogger(__name__)
 
 
 class Backoff:
@@ -26,9 +33,11 @@ class Backoff:
 
 
 class BackgroundLoop:
-    """`start()` runs `self.run()` as a task (once); `stop()` cancels it and waits."""
+    """`start()` runs `self.run()` as a supervised task (once); `stop()` cancels it."""
 
     _task: asyncio.Task[None] | None = None
+    failure: str | None = None  # why the loop is down, while it waits to be restarted
+    restarts: int = 0
 
     def task_name(self) -> str:
         return type(self).__name__
@@ -36,9 +45,29 @@ class BackgroundLoop:
     async def run(self) -> None:
         raise NotImplementedError
 
+    @property
+    def healthy(self) -> bool:
+        return self.failure is None
+
     def start(self) -> None:
         if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self.run(), name=self.task_name())
+            self._task = asyncio.create_task(self._supervise(), name=self.task_name())
+
+    async def _supervise(self) -> None:
+        backoff = Backoff(1.0, 30.0)
+        while True:
+            try:
+                await self.run()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                self.failure = f"{type(e).__name__}: {e}"
+                delay = backoff.next()
+                log.exception("%s died; restarting in %.1fs", self.task_name(), delay)
+                await asyncio.sleep(delay)
+                self.restarts += 1
+                self.failure = None
 
     async def stop(self) -> None:
         if self._task:

@@ -74,6 +74,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     flags.add_duration(p, "--cluster-ping-interval", default="30s")
     flags.add_duration(
         p,
+        "--slurm-idle-poll-interval",
+        default="30s",
+        help="how often Slurm is polled while nothing waits on it (a Cluster's "
+        "spec.pollInterval applies while a pod is drained or an update runs)",
+    )
+    flags.add_duration(
+        p,
         "--graceful-shutdown-timeout",
         default="25s",
         help="how long SIGTERM waits for running reconciles before giving up",
@@ -112,6 +119,7 @@ class Operator:
         opts = Options(
             token_lifetime=float(self.args.slurm_token_lifetime),
             ping_interval=float(self.args.cluster_ping_interval),
+            idle_poll_interval=float(self.args.slurm_idle_poll_interval),
         )
         self.controllers.append(
             cluster_controller.build(
@@ -133,19 +141,30 @@ class Operator:
             )
         )
         self.server.add_health_check("ping", lambda: True)
+        self.server.add_health_check("loops", self.loops_healthy)
+        # Not the Lease: every replica syncs its caches and is ready, so a rolling update of
+        # a two-replica Deployment proceeds while only one of them leads.
         self.server.add_ready_check("informers", lambda: self.factory.has_synced)
 
+    def loops_healthy(self) -> bool:
+        """Every informer loop runs (one that died is being restarted meanwhile)."""
+        loops = [*self.factory.informers, *self.clients.informers()]
+        down = [repr(loop) for loop in loops if not loop.healthy]
+        if down:
+            log.warning("background loops down: %s", "; ".join(down))
+        return not down
+
     async def lead(self, stop: asyncio.Event) -> None:
-        """Everything that only the leader does."""
+        """Everything that only the leader does. Cancelled when leadership is lost: then
+        it stops at once, without waiting for in-flight work."""
         self.leading = True
-        self.factory.start()
         try:
             await run_all(self.controllers, stop)
         finally:
             self.leading = False
-            await self.factory.stop()
             await self.clients.close_all()
-            await self.recorder.flush()
+            if stop.is_set():
+                await self.recorder.flush()
 
     async def _elect_and_lead(self, stop: asyncio.Event) -> None:
         if not self.args.leader_elect:
@@ -185,6 +204,7 @@ class Operator:
             ", ".join(self.args.namespace) or "all",
         )
         code = 0
+        self.factory.start()  # caches run on every replica, leader or not
         work = asyncio.create_task(self._elect_and_lead(stop), name="operator")
         try:
             stopping = asyncio.create_task(stop.wait())
@@ -202,6 +222,7 @@ class Operator:
             log.error("lost leadership; exiting so a restart starts clean")
             code = 1
         finally:
+            await self.factory.stop()
             await self.server.stop()
             await self.kube.close()
         log.info("slurm-operator stopped")

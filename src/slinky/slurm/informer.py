@@ -76,12 +76,14 @@ class SlurmInformer(BackgroundLoop):
         client: SlurmClient,
         *,
         poll_interval: float = 2.0,
+        idle_interval: float | None = None,
         resync_interval: float = 30.0,
         watch_jobs: bool = False,
         max_backoff: float = 30.0,
     ) -> None:
         self.client = client
         self.poll_interval = poll_interval
+        self.idle_interval = idle_interval
         self.resync_interval = resync_interval
         self.watch_jobs = watch_jobs
         self.max_backoff = max_backoff
@@ -101,6 +103,7 @@ class SlurmInformer(BackgroundLoop):
         self._synced = asyncio.Event()
         self._subscribers: list[Subscriber] = []
         self._wake = asyncio.Event()
+        self._demand: set[str] = set()
 
     def __repr__(self) -> str:
         return f"<SlurmInformer {self.client.url} nodes={len(self.nodes)} stale={self.stale}>"
@@ -129,6 +132,21 @@ class SlurmInformer(BackgroundLoop):
     async def wait_synced(self) -> None:
         await self._synced.wait()
 
+    def demand(self, key: str, wanted: bool) -> None:
+        """`key` (e.g. a NodeSet) waits on Slurm (`wanted`) or no longer does. While anyone
+        waits the informer polls every `poll_interval`, otherwise every `idle_interval`."""
+        if wanted and key not in self._demand:
+            self._demand.add(key)
+            self.poke()  # switch to fast polling now, not after the idle interval
+        elif not wanted:
+            self._demand.discard(key)
+
+    @property
+    def interval(self) -> float:
+        if self._demand or self.idle_interval is None:
+            return self.poll_interval
+        return max(self.poll_interval, self.idle_interval)
+
     def poke(self) -> None:
         """Poll now (after we changed something and want to see the result early)."""
         self._wake.set()
@@ -144,9 +162,14 @@ class SlurmInformer(BackgroundLoop):
             try:
                 await self.poll_once()
                 backoff.reset()
-                delay = self.poll_interval
+                delay = self.interval
             except errors.SlurmError as e:
                 self._mark_stale(str(e))
+                delay = backoff.next()
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                # An answer we cannot read must not freeze the cache silently.
+                log.exception("%s: unexpected payload from slurmrestd", self)
+                self._mark_stale(f"unexpected payload from slurmrestd: {type(e).__name__}: {e}")
                 delay = backoff.next()
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
