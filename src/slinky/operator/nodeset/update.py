@@ -77,10 +77,9 @@ async def rolling_update(ctx: Context, view: View) -> list[float]:
     allowed = max_unavailable(ru, view.spec.replicas) - max(0, view.spec.replicas - n_available)
     chosen = []
     for c in scalein.victims(scalein.candidates(view, old), len(old)):
-        counts = available_in_slurm(view, c.pod, now)
-        if counts and allowed <= 0:
-            break
-        if counts:
+        if available_in_slurm(view, c.pod, now):
+            if allowed <= 0:
+                continue  # an unavailable pod later in the order may still go
             allowed -= 1
         chosen.append(c.pod)
     waiting |= await scalein.remove_all(
