@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 from pathlib import Path
 
 from slinky_testbed import paths
 from slinky_testbed.bed import Testbed
 
-BENCH_DIR = paths.cache_dir() / "testbeds" / "bench"
+BENCH_DIR = Path(
+    os.environ.get("SLINKY_BENCH_TESTBED_DIR", paths.cache_dir() / "testbeds" / "bench")
+)
 
 
 def bench_testbed_if_running() -> Path | None:
