@@ -6,9 +6,9 @@ question "is this Slurm node drained?", and the deletion.
    before busy, lower `pod-deletion-cost`, earlier `pod-deadline`, cordoned, higher ordinal.
    Nothing is condemned while the Slurm view of the Cluster is not synced: the order depends
    on which nodes are busy.
-2. Condemn: the pod gets the `condemned` annotation saying why, so a restart of the
-   operator resumes the same removal instead of choosing new victims.
-3. Drain: the Slurm node is set DRAIN with a reason starting `slurm-operator: `.
+2. Drain: the Slurm node is set DRAIN with a reason starting `slurm-operator: `.
+3. Condemn: a pod that has to wait gets the `condemned` annotation saying why, so a restart
+   of the operator resumes the same removal instead of choosing new victims.
 4. Drained? (`check_drained`): the cache only says when to ask; the authoritative
    `GET /node` is made only for a node the cache already shows drained or absent. Only a
    definite answer counts: DRAIN with no job ALLOCATED, MIXED or COMPLETING, or "no such node"
@@ -161,23 +161,15 @@ async def remove_when_drained(
     """Condemn, drain, and delete once drained. Returns the drained verdict: unless `safe`,
     the pod is still there and the caller waits."""
     name = pods.name(pod)
-    if pods.condemned(pod) != why:
-        await ctx.podcontrol.patch_metadata(pod, annotations={ANNOTATION_CONDEMNED: why})
     scheduled = pods.node_name(pod) is not None
-    if scheduled:  # an unscheduled pod never ran a slurmd: nothing to drain
-        if not view.slurm_ready or view.conn is None:
-            return Drained.UNKNOWN  # cannot ask Slurm: keep the pod (fail closed)
-        if view.foreign(pod):
-            return Drained.FOREIGN
-        if await slurmcontrol.drain(view.conn, name, reason, namespace=view.namespace):
-            ctx.recorder.event(
-                view.obj, events.NORMAL, "Draining", f"draining Slurm node {name} ({reason})"
-            )
-        verdict = await check_drained(view.conn, name, namespace=view.namespace)
-        if not verdict.safe:
-            return verdict
-    else:
-        verdict = Drained.ABSENT
+    verdict = Drained.ABSENT  # an unscheduled pod never ran a slurmd: nothing to drain
+    if scheduled:
+        verdict = await drain_and_check(ctx, view, pod, reason)
+    if not verdict.safe:
+        # Condemned: a restarted operator resumes this removal instead of choosing anew.
+        if pods.condemned(pod) != why:
+            await ctx.podcontrol.patch_metadata(pod, annotations={ANNOTATION_CONDEMNED: why})
+        return verdict
     if await ctx.podcontrol.delete_pod(view.exp_key, pod):
         because = "Slurm node drained" if scheduled else "never scheduled"
         ctx.recorder.event(
@@ -188,6 +180,19 @@ async def remove_when_drained(
         await delete_scaled_pvcs(ctx, view, name)
     view.moved(pod)
     return verdict
+
+
+async def drain_and_check(ctx: Context, view: View, pod: JSON, reason: str) -> Drained:
+    name = pods.name(pod)
+    if not view.slurm_ready or view.conn is None:
+        return Drained.UNKNOWN  # cannot ask Slurm: keep the pod (fail closed)
+    if view.foreign(pod):
+        return Drained.FOREIGN
+    if await slurmcontrol.drain(view.conn, name, reason, namespace=view.namespace):
+        ctx.recorder.event(
+            view.obj, events.NORMAL, "Draining", f"draining Slurm node {name} ({reason})"
+        )
+    return await check_drained(view.conn, name, namespace=view.namespace)
 
 
 async def remove_all(

@@ -39,7 +39,9 @@ async def drain(conn: Connection, name: str, reason: str, *, namespace: str) -> 
     """Drain unless already DRAIN (whoever drained it keeps their reason), absent, or
     claimed by another pod. Returns True when a drain was requested now."""
     cached = conn.informer.nodes.get(name)
-    if cached is not None and cached.state.is_drain:
+    if cached is None or cached.state.is_drain:
+        # Not registered as far as we know: the drained check asks Slurm, and a node that
+        # registered meanwhile is drained on the next pass, once the cache shows it.
         return False
     node = await live_node(conn, name)
     if node is None or node.state.is_drain or not belongs_to(node, namespace, name):

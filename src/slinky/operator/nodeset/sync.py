@@ -105,6 +105,8 @@ class NodeSetSync:
     async def reconcile(self, key: str) -> Result:
         obj = self.nodesets.get(key)
         if obj is None:
+            for informer in self.clients.informers():
+                informer.demand(key, False)
             return DONE
         meta = obj["metadata"]
         if meta.get("deletionTimestamp") and not objects.has_finalizer(obj, FINALIZER):
@@ -198,7 +200,7 @@ class NodeSetSync:
     def demand_fast_polls(self, view: View) -> None:
         """Poll Slurm fast while this NodeSet waits on it, slowly otherwise."""
         if view.conn is not None:
-            view.conn.informer.demand(view.exp_key, bool(view.waits))
+            view.conn.informer.demand(view.key, bool(view.waits))
 
     # ------------------------------------------------------------ 1. children
 
