@@ -221,11 +221,10 @@ async def test_a_nodeset_applied_with_its_cluster_gets_conf_server_pods(env: Env
 
         # Changing spec.controller rolls the pods onto the new address.
         host, port = env.testbed.slurmctld_addr.split(":")
-        other_host = "localhost" if host == "127.0.0.1" else host
-        new_addr = f"{other_host}:{port}"
-        await env.kube.patch(CLUSTERS, "slurm", {"spec": {"controller": {"host": other_host}}}, ns)
-        if new_addr == env.testbed.slurmctld_addr:
+        if host != "127.0.0.1":
             pytest.skip("no second spelling of the controller address on this test bed")
+        new_addr = f"localhost:{port}"
+        await env.kube.patch(CLUSTERS, "slurm", {"spec": {"controller": {"host": "localhost"}}}, ns)
 
         async def rolled() -> bool:
             items = await pods()

@@ -132,7 +132,7 @@ def pre_stop() -> JSON:
     that ends within the grace period. A drain made by someone else keeps its reason."""
     reason = shlex.quote(f"reason={PRESTOP_REASON}")
     script = (
-        'state() { s=$(scontrol show node -o "$HOSTNAME" 2>/dev/null) || return 1; '
+        'state() { s=$(scontrol -o show node "$HOSTNAME" 2>/dev/null) || return 1; '
         's=${s#*State=}; echo "${s%% *}"; }; '
         'case "$(state)" in *DRAIN*) ;; *) '
         f'scontrol update nodename="$HOSTNAME" state=DRAIN {reason} || true;; esac; '

@@ -225,12 +225,7 @@ class NodeSetSync:
             if have is not None and have["metadata"].get("deletionTimestamp") is None:
                 continue
             if await self.ctx.podcontrol.create_if_absent(res, want):
-                self.ctx.recorder.event(
-                    view.obj,
-                    events.NORMAL,
-                    "Created",
-                    f"created {res.kind} {want['metadata']['name']}",
-                )
+                log.info("nodeset %s: created %s %s", view.key, res.kind, want["metadata"]["name"])
         await self.prune_revisions(view, uid)
 
     async def prune_revisions(self, view: View, uid: str) -> None:
