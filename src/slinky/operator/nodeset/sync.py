@@ -136,14 +136,19 @@ class NodeSetSync:
             conf_server = self.conf_server(meta["namespace"], spec)
         except NoControllerAddress as e:
             conf_problem = (e.reason, e.message)
+        revision = builder.revision_hash(
+            spec.template, conf_server, builder.service_name(obj, spec)
+        )
+        if conf_problem is not None:
+            # Without a controller address there is no new revision to roll to: keep the
+            # pods where they are rather than replace them by pods that cannot be built.
+            revision = str((obj.get("status") or {}).get("updateRevision") or revision)
         return View(
             obj=obj,
             spec=spec,
             key=key,
             exp_key=f"{key}/{meta['uid']}",
-            revision=builder.revision_hash(
-                spec.template, conf_server, builder.service_name(obj, spec)
-            ),
+            revision=revision,
             conf_server=conf_server,
             conn=self.clients.get(f"{meta['namespace']}/{spec.cluster_name}"),
             active={pods.name(p): p for p in owned if not p["metadata"].get("deletionTimestamp")},
@@ -191,7 +196,8 @@ class NodeSetSync:
             )
             if excess < 0:
                 requeue += await self.scale_out(view, -excess)
-            requeue += await update.rolling_update(self.ctx, view)
+            if view.conf_problem is None:
+                requeue += await update.rolling_update(self.ctx, view)
         else:
             requeue.append(5.0)  # backstop: observations normally arrive first
         requeue += await status.write_status(self.ctx, view)
@@ -218,8 +224,9 @@ class NodeSetSync:
         children: list[tuple[MultiInformer, rest.Resource, JSON]] = [
             (self.services, rest.SERVICES, service),
             (self.pdbs, rest.PDBS, pdb),
-            (self.revisions, rest.CONTROLLER_REVISIONS, revision),
         ]
+        if view.conf_problem is None:
+            children.append((self.revisions, rest.CONTROLLER_REVISIONS, revision))
         for informer, res, want in children:
             have = informer.get(f"{ns}/{want['metadata']['name']}")
             if have is not None and have["metadata"].get("deletionTimestamp") is None:
