@@ -5,17 +5,21 @@ rolling update, self-healing children. Real apiserver, real Slurm, real slurmd."
 from __future__ import annotations
 
 import contextlib
+import re
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx2
 import pytest
+from aiohttp import web
 
 from slinky.kube import rest
 from slinky.operator.nodeset.builder import ANNOTATION_CORDON
 from slinky.operator.nodeset.sync import ANNOTATION_SKIP_DRAIN
 from slinky.operator.resources import CLUSTERS, NODESETS
 from slinky.slurm import errors
+from slinky_testbed import procs
 from slinky_testbed.waiting import wait_for
 from tests.e2e.nodeset_fixtures import Env, nodeset_manifest, wait_idle_nodes
 from tests.e2e.operator_fixtures import cluster, condition, secret
@@ -429,3 +433,87 @@ async def test_a_deleted_service_or_pdb_is_recreated_and_a_new_service_name_foll
     await wait_for(recreated, timeout=30, what="Service and PDB re-created")
     await env.kube.patch(NODESETS, "heal", {"spec": {"serviceName": "heal-dns"}}, env.namespace)
     await wait_for(lambda: exists(rest.SERVICES, "heal-dns"), timeout=30, what="new Service")
+
+
+# ------------------------------------------------------------ only a definite answer
+
+
+class SlurmProxy:
+    """An HTTP proxy in front of slurmrestd that can answer a bare 404 (no Slurm error) for
+    `GET .../node/<name>`, as a proxy or a data parser no longer served would."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.bare_404 = False
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+        self.http = httpx2.AsyncClient(base_url=upstream, timeout=30)
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self.forward)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        port = procs.free_port()
+        await web.TCPSite(self.runner, "127.0.0.1", port).start()
+        self.url = f"http://127.0.0.1:{port}"
+
+    async def forward(self, req: web.Request) -> web.Response:
+        if self.bare_404 and req.method == "GET" and re.search(r"/node/[^/]+$", req.path):
+            return web.Response(status=404, text="Not Found")
+        headers = {k: v for k, v in req.headers.items() if k.lower().startswith("x-slurm")}
+        if req.content_type:
+            headers["Content-Type"] = req.content_type
+        resp = await self.http.request(
+            req.method, req.path_qs, headers=headers, content=await req.read()
+        )
+        return web.Response(
+            status=resp.status_code,
+            body=resp.content,
+            content_type=resp.headers.get("content-type", "application/json").split(";")[0],
+        )
+
+    async def stop(self) -> None:
+        if self.runner:
+            await self.runner.cleanup()
+        await self.http.aclose()
+
+
+async def test_a_bare_404_never_counts_as_no_such_node(env: Env) -> None:
+    proxy = SlurmProxy(env.testbed.slurm_rest_url)
+    await proxy.start()
+    try:
+        await env.kube.patch(CLUSTERS, "slurm", {"spec": {"server": proxy.url}}, env.namespace)
+
+        async def via_proxy() -> bool:
+            cond = condition(await env.kube.get(CLUSTERS, "slurm", env.namespace))
+            return cond.get("reason") == "Connected" and proxy.url in cond.get("message", "")
+
+        await wait_for(via_proxy, timeout=60, what="Cluster connected through the proxy")
+        await env.kube.create(NODESETS, nodeset_manifest("proxied", 1), env.namespace)
+        await wait_idle_nodes(env, "proxied", 1)
+        job = await env.submit("proxied", 12)
+        await env.running_on(job)
+        proxy.bare_404 = True
+        await env.scale("proxied", 0)
+
+        async def job_done_pod_kept() -> bool:
+            assert await env.live_pod_names("proxied") == ["proxied-0"], "pod deleted on a bare 404"
+            return "COMPLETED" in await env.job_state(job)
+
+        await wait_for(job_done_pod_kept, timeout=60, interval=0.2, what="job ends, pod kept")
+        await completed_once(env, job)
+        assert await env.live_pod_names("proxied") == ["proxied-0"]
+        proxy.bare_404 = False
+
+        async def pod_gone() -> bool:
+            return not await env.pods("proxied")
+
+        await wait_for(pod_gone, timeout=60, what="pod deleted once Slurm answers again")
+    finally:
+        proxy.bare_404 = False
+        with contextlib.suppress(rest.ApiError):
+            await env.kube.patch(
+                CLUSTERS, "slurm", {"spec": {"server": env.testbed.slurm_rest_url}}, env.namespace
+            )
+        await proxy.stop()

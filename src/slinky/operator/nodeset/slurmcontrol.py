@@ -27,12 +27,19 @@ def is_operator_reason(reason: str) -> bool:
     return reason.startswith(REASON_PREFIX)
 
 
+class CannotRead(Exception):
+    """The node could not be read live: nothing is written on a guess."""
+
+
 async def live_node(conn: Connection, name: str) -> Node | None:
     """The node as slurmctld sees it now; None for a definite "no such node"."""
     try:
         return await conn.client.get_node(name)
     except errors.SlurmNotFound:
         return None
+    except errors.SlurmError as e:
+        log.info("node %s: cannot read it live (%s); not writing", name, e)
+        raise CannotRead(str(e)) from None
 
 
 async def drain(conn: Connection, name: str, reason: str, *, namespace: str) -> bool:
@@ -43,7 +50,10 @@ async def drain(conn: Connection, name: str, reason: str, *, namespace: str) -> 
         # Not registered as far as we know: the drained check asks Slurm, and a node that
         # registered meanwhile is drained on the next pass, once the cache shows it.
         return False
-    node = await live_node(conn, name)
+    try:
+        node = await live_node(conn, name)
+    except CannotRead:
+        return False
     if node is None or node.state.is_drain or not belongs_to(node, namespace, name):
         return False
     try:
@@ -59,7 +69,10 @@ async def undrain(conn: Connection, name: str, *, namespace: str) -> bool:
     cached = conn.informer.nodes.get(name)
     if cached is None or not cached.state.is_drain or not is_operator_reason(cached.reason):
         return False
-    node = await live_node(conn, name)
+    try:
+        node = await live_node(conn, name)
+    except CannotRead:
+        return False
     if (
         node is None
         or not node.state.is_drain
