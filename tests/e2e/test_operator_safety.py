@@ -299,9 +299,12 @@ async def test_an_admin_drain_made_since_the_last_poll_is_not_undone(env: Env) -
 async def test_a_slurm_node_of_another_namespace_is_never_touched(env: Env) -> None:
     # Slurm already has a node named like our pod, owned by a pod of another namespace.
     other = '{"namespace":"elsewhere","podName":"twin-0","nodeSet":"twin","node":"x"}'
-    await env.slurm.create_node("NodeName=twin-0 NodeAddr=127.0.0.1 CPUs=1 State=FUTURE")
+    await env.slurm.create_node(
+        "NodeName=twin-0 NodeAddr=127.0.0.1 CPUs=1 RealMemory=100 State=EXTERNAL"
+    )
     try:
         await env.slurm.update_node("twin-0", comment=other)
+        assert (await env.slurm.get_node("twin-0")).comment == other
         manifest = nodeset_manifest("twin", 1)
         manifest["spec"]["template"]["spec"].update(
             nodeSelector={"testbed.slinky.slurm.net/kubelet": "kwok"},
