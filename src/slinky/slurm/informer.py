@@ -103,7 +103,8 @@ class SlurmInformer(BackgroundLoop):
         self._synced = asyncio.Event()
         self._subscribers: list[Subscriber] = []
         self._wake = asyncio.Event()
-        self._demand: set[str] = set()
+        self._demand: dict[str, float] = {}  # who waits on Slurm -> since when (monotonic)
+        self._last_poll_done = 0.0
 
     def __repr__(self) -> str:
         return f"<SlurmInformer {self.client.url} nodes={len(self.nodes)} stale={self.stale}>"
@@ -136,10 +137,16 @@ class SlurmInformer(BackgroundLoop):
         """`key` (e.g. a NodeSet) waits on Slurm (`wanted`) or no longer does. While anyone
         waits the informer polls every `poll_interval`, otherwise every `idle_interval`."""
         if wanted and key not in self._demand:
-            self._demand.add(key)
+            self._demand[key] = time.monotonic()
             self.poke()  # switch to fast polling now, not after the idle interval
         elif not wanted:
-            self._demand.discard(key)
+            self._demand.pop(key, None)
+
+    def fresh_for(self, key: str) -> bool:
+        """Whether a poll completed since `key` started waiting: its decisions then rest on
+        a view at most one fast poll old, not on one from the idle interval."""
+        since = self._demand.get(key)
+        return since is not None and self._last_poll_done > since
 
     @property
     def interval(self) -> float:
@@ -199,6 +206,7 @@ class SlurmInformer(BackgroundLoop):
             self._diff_jobs(jobs)
         self._job_update = job_last or self._job_update
         self.last_success = time.time()
+        self._last_poll_done = time.monotonic()
         self.last_error = ""
         self._synced.set()
         if self.stale:

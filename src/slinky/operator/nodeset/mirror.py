@@ -13,6 +13,7 @@ names another pod.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from slinky.kube import conditions, events
@@ -28,6 +29,10 @@ from slinky.operator.nodeset.view import Context, View
 from slinky.slurm.models import Node
 
 JSON = dict[str, Any]
+# How long after a pod became Ready its Slurm node is waited for with fast polls (so its
+# comment and state show up at once); a slurmd that never registers (kwok, a broken image)
+# does not keep the informer polling fast.
+REGISTRATION_WINDOW_S = 60.0
 SLURM_CONDITIONS = (
     "Idle",
     "Allocated",
@@ -96,6 +101,23 @@ async def mirror_slurm(ctx: Context, view: View) -> None:
             await ctx.podcontrol.patch_metadata(pod, labels={LABEL_PROTECT: protect})
         if pods.node_name(pod):
             await slurmcontrol.set_comment(view.conn, node, slurm_comment(pod))
+
+
+def registering(view: View) -> bool:
+    """A pod Ready for less than REGISTRATION_WINDOW_S whose Slurm node is not known yet."""
+    if view.conn is None:
+        return False
+    now = dt.datetime.now(dt.UTC)
+    nodes = view.conn.informer.nodes
+    for pod in view.active.values():
+        since = pods.ready_since(pod)
+        if (
+            since is not None
+            and (now - since).total_seconds() < REGISTRATION_WINDOW_S
+            and pods.name(pod) not in nodes
+        ):
+            return True
+    return False
 
 
 def cordon_reason(ctx: Context, pod: JSON) -> str | None:

@@ -55,6 +55,7 @@ CONDEMNED_SCALE_IN = "scale-in"
 CONDEMNED_UPDATE = "update"
 CONDEMNED_DELETED = "nodeset deleted"
 DRAIN_RECHECK_S = 15.0  # backstop; a Slurm event normally wakes the NodeSet first
+FRESH_VIEW_S = 0.5  # backstop while waiting for a fast poll; its events normally come first
 SLURM_CALLS_IN_FLIGHT = 16  # per reconcile: concurrent drains / drained checks
 FAR_FUTURE = dt.datetime.max.replace(tzinfo=dt.UTC)
 
@@ -268,6 +269,8 @@ async def scale_in(
         await remove_all(ctx, view, [c.pod for c in chosen_pods], CONDEMNED_SCALE_IN, "")
         view.waits.append("scale-in waits for the Slurm view of the Cluster")
         return [DRAIN_RECHECK_S]
+    if not view.slurm_fresh("scale-in"):
+        return [FRESH_VIEW_S]  # which nodes are busy, as of now: wait for one fast poll
     pool = [p for p in view.active.values() if pods.condemned(p) != CONDEMNED_UPDATE]
     chosen = [c.pod for c in victims(candidates(view, pool), excess)]
     chosen_names = {pods.name(p) for p in chosen}

@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 JSON = dict[str, Any]
 ANNOTATION_SKIP_DRAIN = "nodeset.slinky.slurm.net/delete-without-drain"
 WAITING_FOR_TERMINATING_S = 2.0
+REGISTERING_RECHECK_S = 10.0
 
 
 def slow_start_batches(total: int, initial: int = 1) -> list[int]:
@@ -190,6 +191,9 @@ class NodeSetSync:
             if view.slurm_ready:
                 await mirror.mirror_slurm(self.ctx, view)
                 await mirror.sync_cordon(self.ctx, view)
+            if mirror.registering(view):
+                view.waits.append("new slurmd registering")
+                requeue.append(REGISTERING_RECHECK_S)  # ends the fast polls after the window
             excess = len(view.active) - view.spec.replicas
             requeue += await scalein.scale_in(
                 self.ctx, view, excess, lambda p: mirror.cordon_reason(self.ctx, p)

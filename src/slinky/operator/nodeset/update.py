@@ -65,7 +65,8 @@ async def rolling_update(ctx: Context, view: View) -> list[float]:
     ]
     if not in_progress and not old:
         return []
-    view.waits.append("rolling update")
+    if not view.slurm_fresh("rolling update"):
+        return [scalein.FRESH_VIEW_S]  # availability as of now, not as of the idle poll
     if not view.slurm_ready:
         return [scalein.DRAIN_RECHECK_S]
     waiting = await scalein.remove_all(

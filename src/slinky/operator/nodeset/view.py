@@ -71,6 +71,13 @@ class View:
             self.conn is not None and self.conn.informer.has_synced and not self.conn.informer.stale
         )
 
+    def slurm_fresh(self, why: str) -> bool:
+        """Record that this NodeSet waits on Slurm (`why`), and whether the Slurm view is
+        recent enough to choose on: polled since the wait began. The first reconcile of a
+        scale-in or update only switches the informer to fast polling."""
+        self.waits.append(why)
+        return self.conn is not None and self.conn.informer.fresh_for(self.key)
+
     def ordinal(self, pod: JSON) -> int:
         o = builder.ordinal_of(self.name, pods.name(pod))
         return o if o is not None else 1 << 30
