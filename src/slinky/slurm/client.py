@@ -366,6 +366,28 @@ class SlurmClient:
         _, data = await self.call("GET", "partitions/", what="list partitions")
         return [Partition.parse(p) for p in data.get("partitions") or []]
 
+    async def list_partitions_since(
+        self, update_time: int | None
+    ) -> tuple[list[Partition] | None, int]:
+        """All partitions and `last_update`; (None, update_time) when none changed since."""
+        params = {"update_time": update_time} if update_time else None
+        status, data = await self.call("GET", "partitions/", params=params, what="list partitions")
+        last = number(data.get("last_update")) or 0
+        if status == 304 or (update_time and last == 0):
+            return None, update_time or last
+        return [Partition.parse(p) for p in data.get("partitions") or []], last
+
+    async def put_partition(self, partition: JSON) -> None:
+        """Create the partition, or update the fields given (`POST /partitions/`)."""
+        name = partition.get("name")
+        await self.call(
+            "POST", "partitions/", body={"partitions": [partition]}, what=f"put partition {name}"
+        )
+
+    async def delete_partition(self, name: str) -> None:
+        """Delete a partition; SlurmNotFound when it does not exist."""
+        await self.call("DELETE", f"partition/{name}", what=f"delete partition {name}")
+
     async def get_partition(self, name: str) -> Partition:
         _, data = await self.call("GET", f"partition/{name}", what=f"get partition {name}")
         parts = data.get("partitions") or []

@@ -23,7 +23,7 @@ from typing import Any, Literal, TypeVar
 from slinky.background import BackgroundLoop, Backoff
 from slinky.slurm import errors
 from slinky.slurm.client import SlurmClient
-from slinky.slurm.models import Job, Node
+from slinky.slurm.models import Job, Node, Partition
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +89,9 @@ class SlurmInformer(BackgroundLoop):
         self.max_backoff = max_backoff
         self.nodes: dict[str, Node] = {}
         self.jobs: dict[int, Job] = {}
+        # With watch_jobs: partitions by name too (autoscaling metrics name them).
+        self.partitions: dict[str, Partition] = {}
+        self._partition_update = 0
         self.stale = True
         self.last_error: str = ""
         self.last_success = 0.0
@@ -194,6 +197,12 @@ class SlurmInformer(BackgroundLoop):
             jobs, job_last = await self.client.list_jobs(
                 update_time=None if full else self._job_update
             )
+        if self.watch_jobs:
+            parts, self._partition_update = await self.client.list_partitions_since(
+                None if full else self._partition_update
+            )
+            if parts is not None:
+                self.partitions = {p.name: p for p in parts}
         if full:
             self.full_lists += 1
             self._last_resync = now

@@ -230,7 +230,10 @@ class ClusterSync:
             return conn
         client = SlurmClient(cspec.server, auth.make_tokens())
         informer = SlurmInformer(
-            client, poll_interval=poll_interval, idle_interval=self.opts.idle_poll_interval
+            client,
+            poll_interval=poll_interval,
+            idle_interval=self.opts.idle_poll_interval,
+            watch_jobs=True,  # pending jobs feed the autoscaling metrics (operator/autoscale)
         )
         conn = Connection(key, uid, cspec.server, client, informer, auth.fingerprint, ctld)
         await self.clients.put(conn)

@@ -92,6 +92,10 @@ async def write_status(
         message=creatable[1],
         observed_generation=generation,
     )
+    for type_, ok_, reason_, message_ in view.conditions:
+        conds, _ = conditions.set_condition(
+            conds, type_, ok_, reason=reason_, message=message_, observed_generation=generation
+        )
     if deleting_message is not None:
         conds, _ = conditions.set_condition(
             conds,

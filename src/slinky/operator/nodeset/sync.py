@@ -7,10 +7,11 @@
 4. `scalein.scale_in` or `scale_out` — remove victims through the drain-before-delete path
                         (scalein.py), or create missing ordinals in slow-start batches;
 5. `update.rolling_update` — the rolling update rule (update.py);
-6. `status.write_status` — status.py.
+6. `partition.Partitions.sync` — the NodeSet's Slurm partition (partition.py);
+7. `status.write_status` — status.py.
 
 A NodeSet being deleted runs `scalein.finalize` instead: every pod leaves through the same
-path, and the finalizer goes only when none is left.
+path, and the finalizer goes only when none is left and the NodeSet's partition is deleted.
 
 Pods are built from the Cluster object's `spec.controller` (the `--conf-server` of slurmd),
 never from whether a Slurm connection happens to be up; that address is part of the pod
@@ -33,7 +34,7 @@ from slinky.kube.expectations import Expectations
 from slinky.kube.informer import Informer, MultiInformer
 from slinky.kube.store import BY_OWNER_UID
 from slinky.operator.clients import ClusterClients, Connection
-from slinky.operator.nodeset import builder, mirror, pods, scalein, status, update
+from slinky.operator.nodeset import builder, mirror, partition, pods, scalein, status, update
 from slinky.operator.nodeset.podcontrol import PodControl
 from slinky.operator.nodeset.view import Context, View
 from slinky.operator.resources import FINALIZER, NODESETS
@@ -93,6 +94,7 @@ class NodeSetSync:
         self.pdbs = pdbs
         self.revisions = revisions
         self.clients = clients
+        self.partitions = partition.Partitions()
         self.ctx = Context(
             kube=kube,
             podcontrol=PodControl(kube, expectations),
@@ -204,6 +206,12 @@ class NodeSetSync:
                 requeue += await update.rolling_update(self.ctx, view)
         else:
             requeue.append(5.0)  # backstop: observations normally arrive first
+        if outcome := await self.partitions.sync(self.ctx, view):
+            view.conditions.append(
+                (partition.CONDITION, outcome.ok, outcome.reason, outcome.message)
+            )
+            if not outcome.ok:
+                requeue.append(partition.RETRY_S)
         requeue += await status.write_status(self.ctx, view)
         return Result(requeue_after=min(requeue)) if requeue else DONE
 
@@ -329,6 +337,8 @@ class NodeSetSync:
             await objects.remove_finalizer(self.ctx.kube, NODESETS, view.obj, FINALIZER)
             return DONE
         waiting = await scalein.finalize(self.ctx, view)
+        if not waiting and not await self.partitions.delete(self.ctx, view):
+            return Result(requeue_after=partition.RETRY_S)
         if not waiting:
             await objects.remove_finalizer(self.ctx.kube, NODESETS, view.obj, FINALIZER)
             log.info("nodeset %s: every pod drained and deleted; finalizer removed", view.key)

@@ -50,6 +50,8 @@ class View:
     conf_problem: tuple[str, str] | None = None
     # Set by the steps: why Slurm is being waited on (drives the informer's fast polling).
     waits: list[str] = field(default_factory=list)
+    # Set by the steps: extra status conditions (type, ok, reason, message).
+    conditions: list[tuple[str, bool, str, str]] = field(default_factory=list)
 
     @property
     def name(self) -> str:
