@@ -275,10 +275,22 @@ def hpa(name: str, *, scale_down_window: int) -> JSON:
 async def test_hpa_scales_a_nodeset_from_zero_and_back_draining_busy_pods(env: Env) -> None:
     e = env
     name = unique("ash")
-    await create_nodeset(e, with_partition(name, 0))
+    # Kubernetes 1.36 scales up from zero only a target that the HPA itself scaled to zero
+    # (condition ScaledToZero); one created or scaled by hand to 0 counts as disabled.
+    await create_nodeset(e, with_partition(name, 1))
     await nodeset_condition(e, name, "PartitionReady", "PartitionReady")
     await e.kube.create(HPAS, hpa(name, scale_down_window=5), e.namespace)
 
+    async def hpa_scaled_to_zero() -> bool:
+        obj = await e.kube.get(HPAS, name, e.namespace)
+        return condition(obj, "ScaledToZero").get("status") == "True"
+
+    await wait_for(hpa_scaled_to_zero, timeout=90, interval=0.3, what="empty queue: HPA to 0")
+
+    async def no_pods() -> bool:
+        return not await e.pods(name)
+
+    await wait_for(no_pods, timeout=90, what="NodeSet at 0 pods")
     short, long = await submit_to(e, name, 2), await submit_to(e, name, 40)
 
     async def scaled_up() -> bool:
@@ -298,9 +310,5 @@ async def test_hpa_scales_a_nodeset_from_zero_and_back_draining_busy_pods(env: E
         p["metadata"]["name"] for p in await e.pods(name)
     ], "the busy pod was deleted while its job ran"
     await completed(e, long, timeout=120)
-
-    async def no_pods() -> bool:
-        return not await e.pods(name)
-
     await wait_for(no_pods, timeout=120, what="the drained pod deleted after its job")
     assert await partition(e, name) is not None, "replicas 0 keeps the partition"
