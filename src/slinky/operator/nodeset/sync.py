@@ -338,6 +338,12 @@ class NodeSetSync:
             return DONE
         waiting = await scalein.finalize(self.ctx, view)
         if not waiting and not await self.partitions.delete(self.ctx, view):
+            message = (
+                f"every pod is gone; Slurm partition {partition.partition_name(view)} could "
+                "not be deleted yet (Slurm refuses while jobs are queued in it: cancel them, "
+                f'or annotate {ANNOTATION_SKIP_DRAIN}="true" to leave the partition behind)'
+            )
+            await status.write_status(self.ctx, view, deleting_message=message)
             return Result(requeue_after=partition.RETRY_S)
         if not waiting:
             await objects.remove_finalizer(self.ctx.kube, NODESETS, view.obj, FINALIZER)
