@@ -520,3 +520,61 @@ async def test_a_bare_404_never_counts_as_no_such_node(env: Env) -> None:
                 CLUSTERS, "slurm", {"spec": {"server": env.testbed.slurm_rest_url}}, env.namespace
             )
         await proxy.stop()
+
+
+# ------------------------------------------------------------ costs
+
+
+def node_gets(env: Env) -> float:
+    """GET /node/<name> requests the operator sent to slurmrestd so far."""
+    total = 0.0
+    for line in env.operator.metrics().splitlines():
+        if (
+            line.startswith("slurm_rest_requests_total{")
+            and 'method="GET"' in line
+            and '/node/{id}"' in line
+        ):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def test_a_busy_draining_node_is_not_read_from_slurm_until_the_cache_shows_it_drained(
+    env: Env,
+) -> None:
+    await env.kube.create(NODESETS, nodeset_manifest("cheap", 1), env.namespace)
+    (name,) = await wait_idle_nodes(env, "cheap", 1)
+    job = await env.submit("cheap", 15)
+    await env.running_on(job)
+    await env.scale("cheap", 0)
+
+    async def draining_seen() -> bool:
+        pod = await env.kube.get(rest.PODS, name, env.namespace)
+        conds = {c["type"]: c for c in pod["status"].get("conditions") or []}
+
+        def on(kind: str) -> bool:
+            return (conds.get(f"SlurmNodeState{kind}") or {}).get("status") == "True"
+
+        return on("Drain") and (on("Allocated") or on("Mixed"))
+
+    await wait_for(draining_seen, timeout=60, what="operator's cache shows the node busy+DRAIN")
+    before = node_gets(env)
+    while_running: list[float] = []
+
+    async def job_done() -> bool:
+        sample = node_gets(env)  # taken before the state check: the job still ran then
+        state = await env.job_state(job)
+        if state == ["RUNNING"]:
+            while_running.append(sample)
+        return "COMPLETED" in state
+
+    await wait_for(job_done, timeout=60, interval=0.5, what="job completed")
+    assert while_running and max(while_running) == before, (
+        f"GET /node while the cache showed the node busy: {before} -> {while_running}"
+    )
+    await completed_once(env, job)
+
+    async def no_pods() -> bool:
+        return not await env.pods("cheap")
+
+    await wait_for(no_pods, timeout=30, what="pod deleted once drained")
+    assert node_gets(env) > before, "the deletion itself rests on Slurm's live answer"
