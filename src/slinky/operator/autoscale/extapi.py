@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from prometheus_client import Histogram
 
 from slinky.background import BackgroundLoop
 from slinky.kube import rest
@@ -53,6 +54,12 @@ GROUP_VERSION = f"{GROUP}/{VERSION}"
 DEMAND_KEY = "external-metrics-api"
 DEMAND_WINDOW_S = 60.0
 AUTH_CONFIGMAP = ("kube-system", "extension-apiserver-authentication")
+SERVED = Histogram(
+    "slinky_external_metrics_request_duration_seconds",
+    "external.metrics.k8s.io metric requests answered, by HTTP code",
+    ["code"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25),
+)
 
 
 def status(code: int, reason: str, message: str) -> web.Response:
@@ -116,7 +123,6 @@ class MetricsAPI(BackgroundLoop):
         self.tls = tls
         self.allowed_names = list(allowed_names)
         self.reload_interval = reload_interval
-        self.requests = 0
         self.port = 0
         self._runner: web.AppRunner | None = None
         self._ssl = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -260,7 +266,12 @@ class MetricsAPI(BackgroundLoop):
             informer.demand(DEMAND_KEY, True)
 
     async def _get(self, request: web.Request) -> web.Response:
-        self.requests += 1
+        start = time.perf_counter()
+        response = await self._answer(request)
+        SERVED.labels(str(response.status)).observe(time.perf_counter() - start)
+        return response
+
+    async def _answer(self, request: web.Request) -> web.Response:
         ns = request.match_info["namespace"]
         metric = request.match_info["metric"]
         if metric not in PARTITION_METRICS and metric not in NODESET_METRICS:
