@@ -265,6 +265,10 @@ class Partitions:
             await client.put_partition(body)
         except errors.SlurmError as e:
             self._applied.pop(view.key, None)
+            if errors.ESLURM_INVALID_NODE_NAME in e.error_numbers:
+                # A node of the list left Slurm since the last poll (scale-in): look again.
+                view.conn.informer.poke()
+                return Outcome(False, "NodesChanging", f"partition {name}: {e}; retrying")
             return Outcome(False, "PartitionRefused", f"Slurm refused partition {name}: {e}")
         if existing is None:
             ctx.recorder.event(
