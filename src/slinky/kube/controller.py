@@ -191,10 +191,11 @@ class Controller:
             self._m_errors.inc()
             retries = self.queue.num_requeues(key)
             log.error(
-                "controller %s: reconcile %s failed (retry %d): %s",
+                "controller %s: reconcile %s failed (retry %d): %s: %s",
                 self.name,
                 key,
                 retries,
+                type(e).__name__,
                 e,
                 exc_info=log.isEnabledFor(logging.DEBUG),
             )

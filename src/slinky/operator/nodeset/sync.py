@@ -47,6 +47,7 @@ JSON = dict[str, Any]
 ANNOTATION_SKIP_DRAIN = "nodeset.slinky.slurm.net/delete-without-drain"
 WAITING_FOR_TERMINATING_S = 2.0
 REGISTERING_RECHECK_S = 10.0
+CREATES_IN_FLIGHT = 64  # a batch of 2,048 at once only makes a loaded apiserver time out
 
 
 def slow_start_batches(total: int, initial: int = 1) -> list[int]:
@@ -300,7 +301,8 @@ class NodeSetSync:
         for size in slow_start_batches(len(ordinals)):
             batch, ordinals = ordinals[:size], ordinals[size:]
             results = await scalein.bounded(
-                [functools.partial(self.create_one, view, o) for o in batch], size
+                [functools.partial(self.create_one, view, o) for o in batch],
+                min(size, CREATES_IN_FLIGHT),
             )
             created += sum(results)
             if not all(results):
