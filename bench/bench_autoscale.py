@@ -240,6 +240,9 @@ async def amain() -> None:
         count = "slinky_external_metrics_request_duration_seconds_count"
         total = "slinky_external_metrics_request_duration_seconds_sum"
         for n in SIZES:
+            # The HPA leaves 0 only for a target it scaled to 0 itself (ScaledToZero): start
+            # each round from 1 replica and let it take the NodeSet to 0.
+            await kube.patch(NODESETS, name, {"spec": {"replicas": 1}}, NS, subresource="scale")
             await kube.apply(HPAS, hpa(name), field_manager="bench", force=True)
 
             async def scaled_to_zero() -> bool:
@@ -266,8 +269,17 @@ async def amain() -> None:
     finally:
         with contextlib.suppress(rest.ApiError):
             await kube.delete(HPAS, name, NS)
-        with contextlib.suppress(rest.ApiError):
+        with contextlib.suppress(rest.ApiError, TimeoutError):
             await kube.delete(NODESETS, name, NS)
+
+            async def gone() -> bool:
+                try:
+                    await kube.get(NODESETS, name, NS)
+                except rest.ApiError as e:
+                    return e.not_found
+                return False
+
+            await until(gone, 120, "benchmark NodeSet deleted")  # the operator drains it
         proc.terminate()
         proc.wait(30)
         await slurm.close()
