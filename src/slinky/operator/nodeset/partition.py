@@ -151,8 +151,10 @@ CONFIG_KEYS: dict[str, Setter] = {
     "qos": lambda b, k, v: _put(b, "qos.assigned", v),
 }
 # Keys the operator owns: setting them in the config is an error, not a silent override.
-OWNED_KEYS = {"partitionname": "the partition is named after the NodeSet", "nodes": "the "
-              "NodeSet's registered nodes are the partition's nodes"}  # fmt: skip
+OWNED_KEYS = {
+    "partitionname": "the partition is named after the NodeSet",
+    "nodes": "the NodeSet's registered nodes are the partition's nodes",
+}
 
 
 def parse_config(text: str) -> JSON:
