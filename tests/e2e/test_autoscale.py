@@ -312,3 +312,40 @@ async def test_hpa_scales_a_nodeset_from_zero_and_back_draining_busy_pods(env: E
     await completed(e, long, timeout=120)
     await wait_for(no_pods, timeout=120, what="the drained pod deleted after its job")
     assert await partition(e, name) is not None, "replicas 0 keeps the partition"
+
+
+async def test_partition_goes_when_disabled_and_waits_for_queued_jobs_on_deletion(
+    env: Env,
+) -> None:
+    e = env
+    name = unique("asd")
+    await create_nodeset(e, with_partition(name, 0))
+    await nodeset_condition(e, name, "PartitionReady", "PartitionReady")
+    await e.kube.patch(NODESETS, name, {"spec": {"partition": {"enabled": False}}}, e.namespace)
+
+    async def disabled() -> bool:
+        return await partition(e, name) is None
+
+    await wait_for(disabled, timeout=60, what=f"partition {name} deleted when disabled")
+    await nodeset_condition(e, name, "PartitionReady", "PartitionDisabled")
+    annotations = (await e.nodeset(name))["metadata"].get("annotations") or {}
+    assert ANNOTATION_PARTITION not in annotations
+
+    await e.kube.patch(NODESETS, name, {"spec": {"partition": {"enabled": True}}}, e.namespace)
+    await nodeset_condition(e, name, "PartitionReady", "PartitionReady")
+    queued = await submit_to(e, name, 1)
+    await e.kube.delete(NODESETS, name, e.namespace)
+
+    async def waits_for_the_queue() -> str | None:
+        message = str(condition(await e.nodeset(name), "Deleting").get("message") or "")
+        return message if f"partition {name}" in message else None
+
+    await wait_for(waits_for_the_queue, timeout=60, what="Deleting names the partition")
+    assert await partition(e, name) is not None, "a partition with a queued job was deleted"
+    assert (await e.slurm.get_job(queued)).is_pending
+    await e.slurm.cancel_job(queued)
+
+    async def gone() -> bool:
+        return await partition(e, name) is None
+
+    await wait_for(gone, timeout=60, what=f"partition {name} deleted once its queue is empty")

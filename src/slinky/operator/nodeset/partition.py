@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from slinky.kube import events, rest
+from slinky.kube import conditions, events, rest
 from slinky.operator.nodeset.view import Context, View
 from slinky.operator.resources import NODESETS
 from slinky.slurm import errors
@@ -224,6 +224,9 @@ class Partitions:
         if spec is None or not spec.enabled:
             if self.owned(view):
                 return await self._delete_disabled(ctx, view)
+            if conditions.find((view.obj.get("status") or {}).get("conditions"), CONDITION):
+                # Said on every reconcile, so a status written from a stale cache converges.
+                return Outcome(True, "PartitionDisabled", "spec.partition.enabled is false")
             return None
         name = partition_name(view)
         try:
