@@ -136,3 +136,14 @@ async def test_a_node_claimed_by_another_pod_is_never_drained_for_us() -> None:
     conn, _ = connection(answer(200, {"nodes": [node_json("IDLE", "DRAIN", comment=other)]}))
     assert await verdict(conn) is Drained.FOREIGN
     assert not Drained.FOREIGN.safe
+
+
+async def test_a_full_list_fetched_for_many_pods_answers_without_per_node_reads() -> None:
+    conn, calls = connection(answer(500, {}))
+    drained = Node.parse(node_json("IDLE", "DRAIN"))
+    assert await check_drained(conn, "cpu-0", namespace="ns", snapshot={}) is Drained.ABSENT
+    snap = {"cpu-0": drained}
+    assert await check_drained(conn, "cpu-0", namespace="ns", snapshot=snap) is Drained.DRAINED
+    busy = {"cpu-0": Node.parse(node_json("MIXED", "DRAIN"))}
+    assert await check_drained(conn, "cpu-0", namespace="ns", snapshot=busy) is Drained.BUSY
+    assert calls == []

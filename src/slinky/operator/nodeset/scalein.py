@@ -10,7 +10,8 @@ question "is this Slurm node drained?", and the deletion.
 3. Condemn: a pod that has to wait gets the `condemned` annotation saying why, so a restart
    of the operator resumes the same removal instead of choosing new victims.
 4. Drained? (`check_drained`): the cache only says when to ask; the authoritative
-   `GET /node` is made only for a node the cache already shows drained or absent. Only a
+   `GET /node` is made only for a node the cache already shows drained or absent (one full
+   `GET /nodes` instead when many pods go in one pass). Only a
    definite answer counts: DRAIN with no job ALLOCATED, MIXED or COMPLETING, or "no such node"
    (200 without the node, or Slurm's invalid-node error). Anything else — a bare HTTP 404,
    5xx, a refused token, a connection error, an informer that has not synced — is "not
@@ -57,6 +58,7 @@ CONDEMNED_DELETED = "nodeset deleted"
 DRAIN_RECHECK_S = 15.0  # backstop; a Slurm event normally wakes the NodeSet first
 FRESH_VIEW_S = 0.5  # backstop while waiting for a fast poll; its events normally come first
 SLURM_CALLS_IN_FLIGHT = 16  # per reconcile: concurrent drains / drained checks
+LIST_INSTEAD_OF_GETS = 32  # above this many authoritative reads in one pass, list once
 FAR_FUTURE = dt.datetime.max.replace(tzinfo=dt.UTC)
 
 
@@ -131,21 +133,34 @@ class Drained(enum.Enum):
         return self in (Drained.DRAINED, Drained.ABSENT)
 
 
-async def check_drained(conn: Connection | None, name: str, *, namespace: str) -> Drained:
-    """Authoritative, fail-closed check made right before deleting pod `name`."""
+Snapshot = dict[str, Node]
+
+
+async def check_drained(
+    conn: Connection | None, name: str, *, namespace: str, snapshot: Snapshot | None = None
+) -> Drained:
+    """Authoritative, fail-closed check made right before deleting pod `name`. `snapshot`:
+    slurmctld's full node list fetched for this pass (one request instead of one per node
+    when many pods go at once); without it the node is read with `GET /node/<name>`."""
     if conn is None or conn.informer.stale or not conn.informer.has_synced:
         return Drained.UNKNOWN
     cached = conn.informer.nodes.get(name)
     if cached is not None and not cached.state.is_drained:
         # The cache is enough to say "wait"; only a "yes" needs Slurm's word.
         return Drained.BUSY if cached.state.is_drain else Drained.NOT_DRAIN
-    try:
-        node = await conn.client.get_node(name)
-    except errors.SlurmNotFound:
-        return Drained.ABSENT
-    except errors.SlurmError as e:
-        log.info("node %s: cannot check drain state (%s); treating as not drained", name, e)
-        return Drained.UNKNOWN
+    if snapshot is not None:
+        listed = snapshot.get(name)
+        if listed is None:
+            return Drained.ABSENT
+        node = listed
+    else:
+        try:
+            node = await conn.client.get_node(name)
+        except errors.SlurmNotFound:
+            return Drained.ABSENT
+        except errors.SlurmError as e:
+            log.info("node %s: cannot check drain state (%s); treating as not drained", name, e)
+            return Drained.UNKNOWN
     if not belongs_to(node, namespace, name):
         return Drained.FOREIGN
     if node.state.is_drained:
@@ -157,7 +172,13 @@ async def check_drained(conn: Connection | None, name: str, *, namespace: str) -
 
 
 async def remove_when_drained(
-    ctx: Context, view: View, pod: JSON, why: str, reason: str
+    ctx: Context,
+    view: View,
+    pod: JSON,
+    why: str,
+    reason: str,
+    *,
+    snapshot: Snapshot | None = None,
 ) -> Drained:
     """Condemn, drain, and delete once drained. Returns the drained verdict: unless `safe`,
     the pod is still there and the caller waits."""
@@ -165,7 +186,7 @@ async def remove_when_drained(
     scheduled = pods.node_name(pod) is not None
     verdict = Drained.ABSENT  # an unscheduled pod never ran a slurmd: nothing to drain
     if scheduled:
-        verdict = await drain_and_check(ctx, view, pod, reason)
+        verdict = await drain_and_check(ctx, view, pod, reason, snapshot)
     if not verdict.safe:
         # Condemned: a restarted operator resumes this removal instead of choosing anew.
         if pods.condemned(pod) != why:
@@ -183,7 +204,9 @@ async def remove_when_drained(
     return verdict
 
 
-async def drain_and_check(ctx: Context, view: View, pod: JSON, reason: str) -> Drained:
+async def drain_and_check(
+    ctx: Context, view: View, pod: JSON, reason: str, snapshot: Snapshot | None
+) -> Drained:
     name = pods.name(pod)
     if not view.slurm_ready or view.conn is None:
         return Drained.UNKNOWN  # cannot ask Slurm: keep the pod (fail closed)
@@ -193,7 +216,28 @@ async def drain_and_check(ctx: Context, view: View, pod: JSON, reason: str) -> D
         ctx.recorder.event(
             view.obj, events.NORMAL, "Draining", f"draining Slurm node {name} ({reason})"
         )
-    return await check_drained(view.conn, name, namespace=view.namespace)
+    return await check_drained(view.conn, name, namespace=view.namespace, snapshot=snapshot)
+
+
+async def snapshot_for(view: View, pod_list: list[JSON]) -> Snapshot | None:
+    """One full node list when more than LIST_INSTEAD_OF_GETS pods need Slurm's word
+    (their cache shows the node drained or absent); None (per-node reads) otherwise or when
+    the list fails."""
+    if view.conn is None or not view.slurm_ready:
+        return None
+    nodes = view.conn.informer.nodes
+    asking = 0
+    for pod in pod_list:
+        cached = nodes.get(pods.name(pod))
+        asking += pods.node_name(pod) is not None and (cached is None or cached.state.is_drained)
+    if asking <= LIST_INSTEAD_OF_GETS:
+        return None
+    try:
+        listed, _ = await view.conn.client.list_nodes()
+    except errors.SlurmError as e:
+        log.info("nodeset %s: cannot list Slurm nodes (%s); asking node by node", view.key, e)
+        return None
+    return {n.name: n for n in listed or []}
 
 
 async def remove_all(
@@ -201,8 +245,12 @@ async def remove_all(
 ) -> dict[str, Drained]:
     """`remove_when_drained` for several pods, concurrently and bounded. Returns the verdicts
     of the pods that still wait, by pod name."""
+    snapshot = await snapshot_for(view, pod_list)
     results = await bounded(
-        [functools.partial(remove_when_drained, ctx, view, p, why, reason) for p in pod_list],
+        [
+            functools.partial(remove_when_drained, ctx, view, p, why, reason, snapshot=snapshot)
+            for p in pod_list
+        ],
         SLURM_CALLS_IN_FLIGHT,
     )
     waiting = {pods.name(p): v for p, v in zip(pod_list, results, strict=True) if not v.safe}
