@@ -5,7 +5,7 @@ N). Reports total time, apiserver requests the operator issued, operator RSS, an
 - real nodes: job-end -> pod-deleted latency (every node runs a job when the scale-in starts;
   from the moment Slurm shows the node drained, i.e. its job ended, to the moment its pod is
   being deleted), and the idle load the operator puts on slurmrestd and the apiserver
-  (requests/min over a quiet minute with 10 nodes);
+  (requests/min over two quiet minutes with 10 nodes);
 - kwok: steady-state reconcile time of the NodeSet of N pods (p50/p99 from the operator's
   reconcile histogram while the NodeSet is touched repeatedly, nothing to do).
 
@@ -290,7 +290,7 @@ async def run_nodeset(
     }
 
 
-IDLE_WINDOW_S = 60.0
+IDLE_WINDOW_S = 120.0  # several poll and ping periods: window edges matter less
 
 
 async def idle_load(metrics: str) -> JSON:

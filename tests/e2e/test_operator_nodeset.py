@@ -468,7 +468,13 @@ async def test_volume_claims_follow_the_retention_policy(env: Env) -> None:
         timeout=20,
         what="one PVC per pod",
     )
-    pod = await env.kube.get(rest.PODS, "dropvol-0", env.namespace)
+    # Each pod's claims are created just before the pod itself.
+    pod = await wait_for(
+        lambda: env.kube.get(rest.PODS, "dropvol-0", env.namespace),
+        timeout=20,
+        what="pod dropvol-0",
+        ignore=(rest.ApiError,),
+    )
     assert {"name": "scratch", "persistentVolumeClaim": {"claimName": "scratch-dropvol-0"}} in pod[
         "spec"
     ]["volumes"]
