@@ -3,21 +3,34 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml testbed/pyproject.toml | sha1sum | cut -c1-12)
+LOCK := requirements.lock
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml testbed/pyproject.toml $(LOCK) | sha1sum | cut -c1-12)
+PIP := $(BIN)/pip install -q --disable-pip-version-check
 DEV_DIR ?= $(HOME)/.cache/slinky/testbeds/dev
 PYTEST_ARGS ?=
 
-.PHONY: all venv testbed-build images lint fmt typecheck unit e2e test dev dev-down dev-env bench crds clean
+.PHONY: all venv lock testbed-build images lint fmt typecheck unit e2e test dev dev-down dev-env bench crds clean
 
 all: test
 
-$(STAMP): pyproject.toml testbed/pyproject.toml
+# Dependencies come only from the lock file, each checked against its hash; the two local
+# distributions are installed editable on top, without resolving anything again.
+$(STAMP): pyproject.toml testbed/pyproject.toml $(LOCK)
 	rm -f $(VENV)/.installed-*
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[dev]' -e ./testbed
+	$(PIP) --require-hashes -r $(LOCK)
+	$(PIP) --no-deps -e . -e ./testbed
 	touch $@
 
 venv: $(STAMP)
+
+## Refresh requirements.lock (every pinned dependency and its hashes) after editing the pins
+## in pyproject.toml: `make lock && make venv`.
+lock:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	test -x $(BIN)/uv || $(PIP) uv==$$(sed -n 's/^ *"uv==\(.*\)",/\1/p' pyproject.toml)
+	$(BIN)/uv pip compile pyproject.toml --extra dev --generate-hashes --universal \
+		--python-version 3.11 --no-header --quiet -o $(LOCK)
 
 ## Build or reuse the cached test bed: Kubernetes binaries (control plane, kubelet, kube-proxy),
 ## kwok, helm, etcd, containerd, runc, CNI plugins, CoreDNS, pause, the Slurm root.

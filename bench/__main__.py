@@ -6,14 +6,24 @@ import importlib
 import pkgutil
 from pathlib import Path
 
+from bench.common import bench_testbed_if_running
+
 
 def main() -> None:
     here = Path(__file__).parent
     found = [m.name for m in pkgutil.iter_modules([str(here)]) if m.name.startswith("bench_")]
     if not found:
         print("no benchmarks yet")
-    for name in sorted(found):
-        importlib.import_module(f"bench.{name}").main()
+    try:
+        for name in sorted(found):
+            importlib.import_module(f"bench.{name}").main()
+    finally:
+        left = bench_testbed_if_running()
+        if left:
+            print(
+                f"\nThe benchmark test bed is left running in {left} (reused by the next "
+                f"`make bench`). Stop it with:\n  .venv/bin/slinky testbed --dir {left} down"
+            )
 
 
 if __name__ == "__main__":

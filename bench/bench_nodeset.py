@@ -1,8 +1,14 @@
 """NodeSet scale 0->N and N->0: N = 10 real slurmd pods (containers on real nodes) and
-N = 200 pods on kwok nodes (no slurmd there: their Slurm nodes never register). Reports total
-time, apiserver requests the operator issued, operator RSS, and for real nodes the
-drained-to-deleted latency (from the moment Slurm shows the node drained to the moment its pod
-is being deleted).
+N = 5,000 pods on kwok nodes (no slurmd there: their Slurm nodes never register;
+`BENCH_KWOK_PODS` changes N). Reports total time, apiserver requests the operator issued, operator RSS, and:
+
+- real nodes: job-end -> pod-deleted latency (every node runs a job when the scale-in starts;
+  from the moment Slurm shows the node drained, i.e. its job ended, to the moment its pod is
+  being deleted), and the idle load the operator puts on slurmrestd and the apiserver
+  (requests/min over two quiet minutes with 10 nodes);
+- kwok: steady-state reconcile time of the NodeSet of N pods (p50/p99 from the operator's
+  reconcile histogram while the NodeSet is touched repeatedly, nothing to do).
+
 Baseline in the same run: a StatefulSet (Parallel) with the same pod count on the same nodes,
 scaled by kube-controller-manager, i.e. Kubernetes' own floor without any Slurm coordination.
 
@@ -95,7 +101,7 @@ def start_operator(bed: Testbed) -> tuple[subprocess.Popen[bytes], str]:
             "-m",
             "slinky.operator.main",
             f"--kubeconfig={bed.kubeconfig}",
-            "--no-leader-elect",
+            "--leader-elect=false",
             f"--metrics-bind-address=127.0.0.1:{mport}",
             f"--health-probe-bind-address=127.0.0.1:{pport}",
             f"--namespace={NS}",
@@ -108,12 +114,47 @@ def start_operator(bed: Testbed) -> tuple[subprocess.Popen[bytes], str]:
     return proc, f"http://127.0.0.1:{mport}/metrics"
 
 
-def requests_issued(metrics_url: str) -> int:
+def counter(metrics_url: str, name: str) -> float:
+    """The sum of a counter over all its labels."""
     total = 0.0
     for line in httpx2.get(metrics_url, timeout=5).text.splitlines():
-        if line.startswith("rest_client_requests_total{"):
+        if line.startswith(name + "{"):
             total += float(line.rsplit(" ", 1)[1])
-    return int(total)
+    return total
+
+
+def requests_issued(metrics_url: str) -> int:
+    return int(counter(metrics_url, "rest_client_requests_total"))
+
+
+def reconcile_buckets(metrics_url: str, controller: str) -> dict[float, float]:
+    """Cumulative counts of the reconcile-time histogram, by upper bound."""
+    out: dict[float, float] = {}
+    prefix = "controller_runtime_reconcile_time_seconds_bucket{"
+    for line in httpx2.get(metrics_url, timeout=5).text.splitlines():
+        if line.startswith(prefix) and f'controller="{controller}"' in line:
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            out[float(le)] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def histogram_pct(before: dict[float, float], after: dict[float, float], p: float) -> float:
+    """The p-th percentile of the observations between two snapshots, interpolated within
+    its bucket (Prometheus' histogram_quantile)."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    total = counts[-1] if counts else 0.0
+    if total <= 0:
+        return float("nan")
+    rank = p / 100 * total
+    lower, below = 0.0, 0.0
+    for bound, cum in zip(bounds, counts, strict=True):
+        if cum >= rank:
+            if bound == float("inf"):
+                return lower
+            return lower + (bound - lower) * (rank - below) / max(cum - below, 1e-9)
+        lower, below = bound, cum
+    return lower
 
 
 def rss_mb(pid: int) -> float:
@@ -191,10 +232,18 @@ async def run_nodeset(
             return st.get("slurmIdle") == n
         return True
 
-    await wait(up, 300)
+    await wait(up, 900)
     t_up = time.monotonic() - t0
     req_up = requests_issued(metrics) - req0
     rss = rss_mb(pid)
+    extra: JSON = {}
+    if real:
+        extra.update(await idle_load(metrics))
+        jobs = [await submit(slurm, name, 8) for _ in range(n)]
+        await wait(lambda: _all_running(slurm, jobs), 120)
+    else:
+        extra.update(await steady_reconcile(kube, metrics, name))
+        rss = rss_mb(pid)
 
     drained_at: dict[str, float] = {}
     deleting_at: dict[str, float] = {}
@@ -223,7 +272,7 @@ async def run_nodeset(
     req1 = requests_issued(metrics)
     t1 = time.monotonic()
     await kube.patch(NODESETS, name, {"spec": {"replicas": 0}}, NS, subresource="scale")
-    await wait(lambda: _none(kube, label), 600)
+    await wait(lambda: _none(kube, label), 900)
     t_down = time.monotonic() - t1
     req_down = requests_issued(metrics) - req1
     stop.set()
@@ -237,7 +286,67 @@ async def run_nodeset(
         "req_down": req_down,
         "rss": rss,
         "lat": lat,
+        **extra,
     }
+
+
+IDLE_WINDOW_S = 120.0  # several poll and ping periods: window edges matter less
+
+
+async def idle_load(metrics: str) -> JSON:
+    """Requests/min to slurmrestd and the apiserver while nothing happens."""
+    await asyncio.sleep(5)  # let the last status writes of the scale-out settle
+    slurm0 = counter(metrics, "slurm_rest_requests_total")
+    kube0 = counter(metrics, "rest_client_requests_total")
+    await asyncio.sleep(IDLE_WINDOW_S)
+    per_min = 60.0 / IDLE_WINDOW_S
+    return {
+        "idle_slurm_rpm": (counter(metrics, "slurm_rest_requests_total") - slurm0) * per_min,
+        "idle_kube_rpm": (counter(metrics, "rest_client_requests_total") - kube0) * per_min,
+    }
+
+
+STEADY_TOUCHES = 40
+
+
+async def steady_reconcile(kube: rest.Kube, metrics: str, name: str) -> JSON:
+    """Reconcile time of a NodeSet with nothing to do: touch it repeatedly (an annotation
+    change enqueues it) and read the operator's reconcile histogram."""
+    before = reconcile_buckets(metrics, "nodeset")
+    for i in range(STEADY_TOUCHES):
+        await kube.patch(NODESETS, name, {"metadata": {"annotations": {"bench/touch": str(i)}}}, NS)
+        await asyncio.sleep(0.25)
+    await asyncio.sleep(2)
+    after = reconcile_buckets(metrics, "nodeset")
+    count = after.get(float("inf"), 0.0) - before.get(float("inf"), 0.0)
+    return {
+        "steady_n": count,
+        "steady_p50": histogram_pct(before, after, 50),
+        "steady_p99": histogram_pct(before, after, 99),
+    }
+
+
+async def submit(slurm: SlurmClient, feature: str, seconds: int) -> int:
+    return await slurm.submit_job(
+        {
+            "name": "bench",
+            "constraints": feature,
+            "minimum_nodes": 1,
+            "maximum_nodes": 1,
+            "tasks": 1,
+            "current_working_directory": "/tmp",
+            "environment": ["PATH=/usr/bin:/bin"],
+            "time_limit": {"set": True, "number": 10},
+        },
+        script=f"#!/bin/sh\nsleep {seconds}\n",
+    )
+
+
+async def _all_running(slurm: SlurmClient, jobs: list[int]) -> bool:
+    for job_id in jobs:
+        if not (await slurm.get_job(job_id)).is_running:
+            return False
+    return True
 
 
 async def run_statefulset(kube: rest.Kube, name: str, n: int, placement: JSON) -> JSON:
@@ -268,11 +377,11 @@ async def run_statefulset(kube: rest.Kube, name: str, n: int, placement: JSON) -
         st = (await kube.get(STATEFULSETS, name, NS)).get("status") or {}
         return st.get("readyReplicas") == n
 
-    await wait(up, 300)
+    await wait(up, 900)
     t_up = time.monotonic() - t0
     t1 = time.monotonic()
     await kube.patch(STATEFULSETS, name, {"spec": {"replicas": 0}}, NS)
-    await wait(lambda: _none(kube, label), 600)
+    await wait(lambda: _none(kube, label), 900)
     t_down = time.monotonic() - t1
     await kube.delete(STATEFULSETS, name, NS)
     return {"up": t_up, "down": t_down}
@@ -299,9 +408,10 @@ async def run() -> None:
     try:
         await wait(lambda: _metrics_up(metrics), 60)
         rows = []
+        kwok_pods = int(os.environ.get("BENCH_KWOK_PODS", "5000"))
         for label, n, placement, real in (
             ("10 real slurmd", 10, REAL_PLACEMENT, True),
-            ("200 kwok", 200, KWOK_PLACEMENT, False),
+            (f"{kwok_pods} kwok", kwok_pods, KWOK_PLACEMENT, False),
         ):
             ns_res = await run_nodeset(
                 kube, slurm, metrics, proc.pid, name=f"ns{n}", n=n, placement=placement, real=real
@@ -326,8 +436,20 @@ async def run() -> None:
         )
         if r["lat"]:
             print(
-                f"    drained-to-deleted latency over {len(r['lat'])} nodes:"
+                f"    job-end -> pod-deleted latency over {len(r['lat'])} nodes:"
                 f" p50 {pct(r['lat'], 50) * 1000:.0f} ms, p99 {pct(r['lat'], 99) * 1000:.0f} ms"
+                " (target p50 < 1000 ms)"
+            )
+        if "idle_slurm_rpm" in r:
+            print(
+                f"    idle, 1 Cluster with 10 nodes: slurmrestd {r['idle_slurm_rpm']:.1f} req/min"
+                f" (target <= 4), apiserver {r['idle_kube_rpm']:.1f} req/min"
+            )
+        if "steady_p50" in r:
+            print(
+                f"    steady-state reconcile ({r['steady_n']:.0f} reconciles):"
+                f" p50 {r['steady_p50'] * 1000:.1f} ms, p99 {r['steady_p99'] * 1000:.1f} ms"
+                " (target p99 < 100 ms); RSS target < 150 MB"
             )
 
 

@@ -1,5 +1,9 @@
 """Pieces shared by the long-running loops (Kubernetes and Slurm informers): exponential
-backoff with jitter, and a loop run as one restartable background task."""
+backoff with jitter, and a loop run as one supervised background task.
+
+A loop that dies of an unexpected exception is restarted with backoff, and reports itself
+unhealthy (`failure`) until it runs again, so `/healthz` shows it instead of a cache that
+silently stopped moving."""
 
 from __future__ import annotations
 
@@ -29,9 +33,11 @@ class Backoff:
 
 
 class BackgroundLoop:
-    """`start()` runs `self.run()` as a task (once); `stop()` cancels it and waits."""
+    """`start()` runs `self.run()` as a supervised task (once); `stop()` cancels it."""
 
     _task: asyncio.Task[None] | None = None
+    failure: str | None = None  # why the loop is down, while it waits to be restarted
+    restarts: int = 0
 
     def task_name(self) -> str:
         return type(self).__name__
@@ -39,16 +45,29 @@ class BackgroundLoop:
     async def run(self) -> None:
         raise NotImplementedError
 
+    @property
+    def healthy(self) -> bool:
+        return self.failure is None
+
     def start(self) -> None:
         if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self.run(), name=self.task_name())
-            self._task.add_done_callback(self._report_death)
+            self._task = asyncio.create_task(self._supervise(), name=self.task_name())
 
-    def _report_death(self, task: asyncio.Task[None]) -> None:
-        # `run` loops retry the errors they expect; anything else ends the task, and nobody
-        # awaits it until `stop()`: say so now, or the process runs on with a frozen cache.
-        if not task.cancelled() and (error := task.exception()) is not None:
-            log.error("%s stopped: %r", task.get_name(), error, exc_info=error)
+    async def _supervise(self) -> None:
+        backoff = Backoff(1.0, 30.0)
+        while True:
+            try:
+                await self.run()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                self.failure = f"{type(e).__name__}: {e}"
+                delay = backoff.next()
+                log.exception("%s died; restarting in %.1fs", self.task_name(), delay)
+                await asyncio.sleep(delay)
+                self.restarts += 1
+                self.failure = None
 
     async def stop(self) -> None:
         if self._task:

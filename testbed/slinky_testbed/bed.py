@@ -30,6 +30,8 @@ import yaml
 
 from slinky_testbed import nodes, paths, pki, procs, slurmconf
 
+# minReplicas: 0 on a HorizontalPodAutoscaler (issue 13)
+FEATURE_GATES = "HPAScaleToZero=true"
 KUBE_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 ADMIN_USER = "slinky-admin"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
@@ -148,6 +150,7 @@ class Testbed:
             "SLINKY_TESTBED_DIR": str(self.dir),
             "SLINKY_SLURM_ROOT": str(self.root),
             "SLINKY_ETCD_URL": f"http://127.0.0.1:{state.ports['etcd']}",
+            "SLINKY_SERVICE_ADDRESS": self.service_address,
         }
 
     # ---------------------------------------------------------------- up
@@ -175,6 +178,8 @@ class Testbed:
         self._ensure_root(log)
         self._mount_root()
         pki.ensure_pki(self.pki)
+        pki.ensure_front_proxy_pki(self.pki)
+        self._ensure_service_address()
 
         names = [
             "etcd",
@@ -413,6 +418,7 @@ class Testbed:
                 "--watch-cache=true",
                 "--profiling=false",
                 "--v=1",
+                *self._aggregator_flags(),
             ],
         )
 
@@ -433,6 +439,7 @@ class Testbed:
                 "-nodeipam,-service-lb-controller,-cloud-node-lifecycle-controller",
                 "--concurrent-gc-syncs=20",
                 "--horizontal-pod-autoscaler-sync-period=2s",
+                f"--feature-gates={FEATURE_GATES}",
                 "--node-monitor-grace-period=60s",
                 "--v=1",
             ],
@@ -782,6 +789,7 @@ class Testbed:
         state.pids = {}
         state.ports = {}
         self.save(state)
+        self._remove_service_address()
         t_end = time.monotonic()
         log(
             f"test bed down in {t_end - t0:.1f}s ({self.dir}): real nodes "
@@ -802,6 +810,53 @@ class Testbed:
                 + (f" port {port}" if port else "")
             )
         return out
+
+    # ---------------------------------------------------------------- aggregated APIs (issue 13)
+    # The apiserver proxies `external.metrics.k8s.io` to the operator: it authenticates with
+    # the front-proxy client certificate, and with --enable-aggregator-routing it dials the
+    # APIService's Service endpoints directly (no kube-proxy needed). Endpoints may not be
+    # loopback or link-local addresses, so each test bed owns an empty bridge (this kernel has
+    # no dummy links) with one 10.x address that a process outside the cluster (the
+    # operator) binds.
+
+    @property
+    def service_interface(self) -> str:
+        return "slkas" + hashlib.sha1(str(self.dir).encode()).hexdigest()[:6]
+
+    @property
+    def service_address(self) -> str:
+        """An address on this machine that EndpointSlices accept and the apiserver dials."""
+        digest = hashlib.sha1(str(self.dir).encode()).digest()
+        return f"10.251.{digest[0]}.{1 + digest[1] % 254}"
+
+    def _ensure_service_address(self) -> None:
+        link = self.service_interface
+        shown = subprocess.run(["ip", "link", "show", link], check=False, capture_output=True)
+        if shown.returncode != 0:
+            subprocess.run(["ip", "link", "add", link, "type", "bridge"], check=True)
+        subprocess.run(
+            ["ip", "addr", "replace", f"{self.service_address}/32", "dev", link], check=True
+        )
+        subprocess.run(["ip", "link", "set", link, "up"], check=True)
+
+    def _remove_service_address(self) -> None:
+        subprocess.run(
+            ["ip", "link", "del", self.service_interface], check=False, capture_output=True
+        )
+
+    def _aggregator_flags(self) -> list[str]:
+        k = self.pki
+        return [
+            f"--requestheader-client-ca-file={k / 'front-proxy-ca.crt'}",
+            f"--requestheader-allowed-names={pki.FRONT_PROXY_CLIENT}",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--proxy-client-cert-file={k / (pki.FRONT_PROXY_CLIENT + '.crt')}",
+            f"--proxy-client-key-file={k / (pki.FRONT_PROXY_CLIENT + '.key')}",
+            "--enable-aggregator-routing=true",
+            f"--feature-gates={FEATURE_GATES}",
+        ]
 
 
 def _kubelet_api_binding() -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """`make dev`: on a running test bed, install the CRDs, start slurm-operator in the
 background, and create a sample Cluster and NodeSet whose slurmd pods join the test bed's
-Slurm. Idempotent: running it again keeps what is there."""
+Slurm; the NodeSet has its own partition and an HPA on its pending jobs (the operator serves
+external.metrics.k8s.io). Idempotent: running it again keeps what is there."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from pathlib import Path
 
 import yaml
 
-from slinky_testbed import dev_bridge, paths, pods, procs
+from slinky_testbed import dev_bridge, metricsapi, paths, pods, procs
 from slinky_testbed.bed import Testbed
 
 NAMESPACE = "slurm"
+EXTERNAL = f"/apis/external.metrics.k8s.io/v1beta1/namespaces/{NAMESPACE}"
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -67,6 +69,7 @@ def sample_objects(bed: Testbed) -> list[dict[str, object]]:
             "spec": {
                 "clusterName": "slurm",
                 "replicas": 2,
+                "partition": {"enabled": True, "config": "MaxTime=60"},
                 "selector": {"matchLabels": labels},
                 "template": {
                     "metadata": {"labels": labels},
@@ -74,7 +77,39 @@ def sample_objects(bed: Testbed) -> list[dict[str, object]]:
                 },
             },
         },
+        sample_hpa(),
     ]
+
+
+def sample_hpa() -> dict[str, object]:
+    """Pending jobs' nodes of partition `compute` → replicas, 0 to 4, back to 0 after 30s."""
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "compute", "namespace": NAMESPACE},
+        "spec": {
+            "scaleTargetRef": {
+                "apiVersion": "slinky.slurm.net/v1alpha1",
+                "kind": "NodeSet",
+                "name": "compute",
+            },
+            "minReplicas": 0,
+            "maxReplicas": 4,
+            "metrics": [
+                {
+                    "type": "External",
+                    "external": {
+                        "metric": {
+                            "name": "slurm_nodeset_jobs_pending_nodes",
+                            "selector": {"matchLabels": {"nodeset": "compute"}},
+                        },
+                        "target": {"type": "AverageValue", "averageValue": "1"},
+                    },
+                }
+            ],
+            "behavior": {"scaleDown": {"stabilizationWindowSeconds": 30}},
+        },
+    }
 
 
 def operator_running(bed: Testbed) -> bool:
@@ -84,6 +119,11 @@ def operator_running(bed: Testbed) -> bool:
 
 def start_operator(bed: Testbed) -> tuple[int, int]:
     mport, pport = procs.free_ports(2)
+    api_args, api_port = metricsapi.operator_args(bed)
+    api = metricsapi.manifests(bed, api_port, REPO / "config" / "autoscale" / "apiservice.yaml")
+    kubectl(
+        bed, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=yaml.safe_dump_all(api)
+    )
     argv = [
         sys.executable,
         "-m",
@@ -92,6 +132,7 @@ def start_operator(bed: Testbed) -> tuple[int, int]:
         f"--metrics-bind-address=127.0.0.1:{mport}",
         f"--health-probe-bind-address=127.0.0.1:{pport}",
         "--leader-election-namespace=default",
+        *api_args,
     ]
     bed.spawn_extra("operator", argv, env={"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
     deadline = time.monotonic() + 60
@@ -147,7 +188,7 @@ def main() -> None:
     print(f"""
 Slinky dev environment is up ({bed.dir}).
   slurm-operator: {where}log {bed.logs / "operator.log"}
-  sample: Cluster slurm and NodeSet compute (2 slurmd pods) in namespace {NAMESPACE}
+  sample: Cluster slurm, NodeSet compute (partition compute) and its HPA in namespace {NAMESPACE}
 
   eval "$(make -s dev-env)"            # KUBECONFIG, SLURM_REST_URL, SLURM_JWT, SLURMCTLD_ADDR, ...
   K={paths.bin_dir()}/kubectl
@@ -156,6 +197,10 @@ Slinky dev environment is up ({bed.dir}).
   .venv/bin/slinky testbed --dir {bed.dir} slurm sinfo
   .venv/bin/slinky testbed --dir {bed.dir} slurm sbatch --wrap "sleep 60"
   .venv/bin/slinky testbed --dir {bed.dir} slurm squeue
+  # autoscaling: the HPA takes compute to 0 once the queue is empty (30s window), then
+  .venv/bin/slinky testbed --dir {bed.dir} slurm sbatch -p compute -N 2 --wrap "sleep 60"
+  $K get hpa,nodeset -n {NAMESPACE} -w      # 0 -> 2 -> (job done, 30s) -> 0
+  $K get --raw "{EXTERNAL}/slurm_nodeset_jobs_pending?labelSelector=nodeset=compute"
 
 Stop everything with `make dev-down`.""")
     dev_bridge.setup(bed)

@@ -127,3 +127,65 @@ def client_cert(directory: Path, name: str, *, user: str, group: str) -> tuple[P
         cwd=directory,
     )
     return crt, key
+
+
+# ---------------------------------------------------------------- aggregation layer (issue 13)
+# The apiserver proxies aggregated APIs (external.metrics.k8s.io) with a client certificate
+# of its own, signed by a separate "front proxy" CA that the extension server trusts.
+
+FRONT_PROXY_CLIENT = "front-proxy-client"
+
+
+def ensure_front_proxy_pki(directory: Path) -> None:
+    """`front-proxy-ca.{crt,key}` and the apiserver's `front-proxy-client.{crt,key}`."""
+    if (directory / f"{FRONT_PROXY_CLIENT}.crt").exists():
+        return
+    _openssl("genrsa", "-out", "front-proxy-ca.key", "2048", cwd=directory)
+    _openssl(
+        "req",
+        "-x509",
+        "-new",
+        "-key",
+        "front-proxy-ca.key",
+        "-sha256",
+        "-days",
+        "3650",
+        "-subj",
+        "/CN=slinky-testbed-front-proxy-ca",
+        "-out",
+        "front-proxy-ca.crt",
+        cwd=directory,
+    )
+    name = FRONT_PROXY_CLIENT
+    (directory / f"{name}.ext").write_text("extendedKeyUsage=clientAuth\n")
+    _openssl("genrsa", "-out", f"{name}.key", "2048", cwd=directory)
+    _openssl(
+        "req",
+        "-new",
+        "-key",
+        f"{name}.key",
+        "-subj",
+        f"/CN={name}",
+        "-out",
+        f"{name}.csr",
+        cwd=directory,
+    )
+    _openssl(
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        "front-proxy-ca.crt",
+        "-CAkey",
+        "front-proxy-ca.key",
+        "-CAcreateserial",
+        "-days",
+        "3650",
+        "-sha256",
+        "-extfile",
+        f"{name}.ext",
+        "-out",
+        f"{name}.crt",
+        cwd=directory,
+    )

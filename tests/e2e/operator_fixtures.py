@@ -21,6 +21,7 @@ from slinky.kube import rest
 from slinky_testbed import procs
 from slinky_testbed.bed import Testbed
 from slinky_testbed.waiting import wait_for
+from tests.e2e.autoscale_fixtures import install_metrics_api, metrics_api_args
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR_NS = "slinky-system"
@@ -173,11 +174,14 @@ async def crds(kube: rest.Kube) -> None:
 async def operator(
     kube: rest.Kube, testbed: Testbed, crds: None, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[OperatorProcess]:
-    """The operator under test, started once per session with its RBAC-limited token."""
+    """The operator under test, started once per session with its RBAC-limited token, serving
+    external.metrics.k8s.io through the test bed's apiserver."""
     work = tmp_path_factory.mktemp("operator")
     kubeconfig = await operator_kubeconfig(kube, testbed, work / "kubeconfig")
-    op = start_operator(kubeconfig, work / "operator.log", "--slurm-token-lifetime=6s")
+    api_args, api_port = metrics_api_args(testbed)
+    op = start_operator(kubeconfig, work / "operator.log", "--slurm-token-lifetime=6s", *api_args)
     await wait_ready(op)
+    await install_metrics_api(kube, testbed, api_port)
     yield op
     code = op.stop()
     assert code == 0, f"operator did not exit cleanly on SIGTERM ({code}):\n{op.log_tail()}"

@@ -99,7 +99,8 @@ async def test_scale_in_drains_idle_first_and_waits_for_the_running_job(env: Env
             "nodeset.slinky.slurm.net/pod-protect"
         ) == "true"
 
-    await wait_for(protected, timeout=10, what="busy pod labelled pod-protect")
+    # A job starting is seen at the next idle poll (--slurm-idle-poll-interval, 30 s).
+    await wait_for(protected, timeout=45, what="busy pod labelled pod-protect")
 
     await env.scale("shrink", 1)
 
@@ -342,7 +343,8 @@ async def test_cordons_drain_and_uncordon_undrains_but_admin_drain_survives(env:
         drain = conds.get("SlurmNodeStateDrain") or {}
         return drain.get("status") == "True" and drain.get("message") == "admin: broken DIMM"
 
-    await wait_for(mirrored, timeout=10, what="operator saw the admin drain (pod condition)")
+    # An admin's change is seen at the next idle poll (--slurm-idle-poll-interval, 30 s).
+    await wait_for(mirrored, timeout=45, what="operator saw the admin drain (pod condition)")
     # Cordon and uncordon the pod: the operator reconciles it twice more.
     await env.kube.patch(
         rest.PODS, c, {"metadata": {"annotations": {ANNOTATION_CORDON: "true"}}}, env.namespace
@@ -477,7 +479,13 @@ async def test_volume_claims_follow_the_retention_policy(env: Env) -> None:
         timeout=20,
         what="one PVC per pod",
     )
-    pod = await env.kube.get(rest.PODS, "dropvol-0", env.namespace)
+    # Each pod's claims are created just before the pod itself.
+    pod = await wait_for(
+        lambda: env.kube.get(rest.PODS, "dropvol-0", env.namespace),
+        timeout=20,
+        what="pod dropvol-0",
+        ignore=(rest.ApiError,),
+    )
     assert {"name": "scratch", "persistentVolumeClaim": {"claimName": "scratch-dropvol-0"}} in pod[
         "spec"
     ]["volumes"]

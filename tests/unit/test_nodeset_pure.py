@@ -7,8 +7,10 @@ from typing import Any
 
 from slinky.api.schema import parse
 from slinky.api.v1alpha1.nodeset import NodeSetSpec
-from slinky.operator.nodeset import builder, scaling
-from slinky.operator.nodeset.sync import max_unavailable, slurm_conditions
+from slinky.operator.nodeset import builder, sync
+from slinky.operator.nodeset import scalein as scaling
+from slinky.operator.nodeset.mirror import slurm_conditions
+from slinky.operator.nodeset.update import max_unavailable
 from slinky.slurm.models import Node
 
 JSON = dict[str, Any]
@@ -61,6 +63,7 @@ def test_slurmd_gets_operator_flags_and_prestop_and_sidecars_are_untouched() -> 
     assert slurmd["args"] == ["-D", "-Z", "--conf-server", "ctld:6817", "--conf", "Features=cpu"]
     script = slurmd["lifecycle"]["preStop"]["exec"]["command"][-1]
     assert "state=DOWN" in script and "slurm-operator: pod terminating" in script
+    assert "state=DRAIN" in script and "ALLOCATED" in script, "waits while jobs run"
     assert "scontrol delete" in script
     assert "args" not in sidecar and "lifecycle" not in sidecar
 
@@ -84,7 +87,10 @@ def test_template_change_changes_revision_and_selector_string() -> None:
             "spec": {"containers": []},
         }
     )
-    assert builder.revision_hash(a.template) != builder.revision_hash(b.template)
+    assert builder.revision_hash(a.template, "c:1") != builder.revision_hash(b.template, "c:1")
+    assert builder.revision_hash(a.template, "c:1") != builder.revision_hash(a.template, "d:1"), (
+        "the controller address is part of the revision: changing it rolls the pods"
+    )
     assert builder.selector_string(a.selector) == "app=cpu"
 
 
@@ -162,8 +168,8 @@ def test_deadline_then_cordon_then_ordinal_break_ties() -> None:
 
 
 def test_slow_start_and_max_unavailable() -> None:
-    assert scaling.slow_start_batches(10) == [1, 2, 4, 3]
-    assert scaling.slow_start_batches(0) == []
+    assert sync.slow_start_batches(10) == [1, 2, 4, 3]
+    assert sync.slow_start_batches(0) == []
     _, spec = nodeset(updateStrategy={"rollingUpdate": {"maxUnavailable": "25%"}})
     assert max_unavailable(spec.update_strategy.rolling_update, 10) == 2
     assert max_unavailable(spec.update_strategy.rolling_update, 2) == 1, "never 0"

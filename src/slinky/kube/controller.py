@@ -149,13 +149,20 @@ class Controller:
                 self.queue.update_unfinished_metrics()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), 1.0)
-        finally:
-            await self.shutdown()
+        except asyncio.CancelledError:
+            # Cancelled (leadership lost): stop at once, as controller-runtime does; another
+            # replica may act from now on, so in-flight work must not finish.
+            await self.shutdown(drain_timeout=0)
+            raise
+        await self.shutdown()
 
     async def shutdown(self, *, drain_timeout: float = 30.0) -> None:
+        """Stop taking keys; let in-flight reconciles finish for `drain_timeout` seconds
+        (0: cancel them now)."""
         self.queue.shutdown()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.queue.drain(), drain_timeout)
+        if drain_timeout > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.queue.drain(), drain_timeout)
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -184,10 +191,11 @@ class Controller:
             self._m_errors.inc()
             retries = self.queue.num_requeues(key)
             log.error(
-                "controller %s: reconcile %s failed (retry %d): %s",
+                "controller %s: reconcile %s failed (retry %d): %s: %s",
                 self.name,
                 key,
                 retries,
+                type(e).__name__,
                 e,
                 exc_info=log.isEnabledFor(logging.DEBUG),
             )

@@ -76,6 +76,7 @@ class LeaderElector:
                 leading.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await leading
+                log.error("leader election %s: controllers stopped", self.name)
                 raise LeadershipLost(self.name)
             await leading  # stop was set: let it finish, propagate its errors
         finally:

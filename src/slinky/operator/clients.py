@@ -58,6 +58,9 @@ class ClusterClients:
     def keys(self) -> list[str]:
         return list(self._by_key)
 
+    def informers(self) -> list[SlurmInformer]:
+        return [c.informer for c in self._by_key.values()]
+
     def subscribe(self, fn: ClusterEventSubscriber) -> None:
         self._subscribers.append(fn)
 

@@ -17,16 +17,21 @@ import sys
 import uuid
 from pathlib import Path
 
+from prometheus_client import REGISTRY
+
 from slinky import __version__
 from slinky.kube import events, flags, logs, rest
 from slinky.kube.controller import Controller, run_all
 from slinky.kube.informer import InformerFactory
 from slinky.kube.leader import LeaderElector, LeadershipLost
 from slinky.kube.serving import ProbeServer
+from slinky.operator.autoscale import extapi
+from slinky.operator.autoscale.metrics import Gauges, SlurmMetrics
 from slinky.operator.clients import ClusterClients
 from slinky.operator.cluster import controller as cluster_controller
 from slinky.operator.cluster.sync import Options
 from slinky.operator.nodeset import controller as nodeset_controller
+from slinky.operator.resources import NODESETS
 
 log = logging.getLogger("slurm-operator")
 
@@ -74,9 +79,36 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     flags.add_duration(p, "--cluster-ping-interval", default="30s")
     flags.add_duration(
         p,
+        "--slurm-idle-poll-interval",
+        default="30s",
+        help="how often Slurm is polled while nothing waits on it (a Cluster's "
+        "spec.pollInterval applies while a pod is drained or an update runs)",
+    )
+    flags.add_duration(
+        p,
         "--graceful-shutdown-timeout",
         default="25s",
         help="how long SIGTERM waits for running reconciles before giving up",
+    )
+    p.add_argument(
+        "--metrics-api-bind-address",
+        default="0",
+        help="host:port of the external.metrics.k8s.io aggregated API over HTTPS "
+        '(issue 13; "0" disables)',
+    )
+    p.add_argument("--metrics-api-cert-file", default="", help="serving certificate (PEM)")
+    p.add_argument("--metrics-api-key-file", default="", help="serving key (PEM)")
+    p.add_argument(
+        "--metrics-api-client-ca-file",
+        default="",
+        help="CA of the apiserver's front-proxy client certificate (default: read from "
+        "ConfigMap kube-system/extension-apiserver-authentication)",
+    )
+    p.add_argument(
+        "--metrics-api-allowed-names",
+        default="",
+        help="comma-separated client certificate names accepted (default: the ConfigMap's "
+        "requestheader-allowed-names; empty there means any name signed by the CA)",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-format", default="text", choices=["text", "json"])
@@ -107,11 +139,14 @@ class Operator:
         self.server = ProbeServer()
         self.controllers: list[Controller] = []
         self.leading = False
+        self.metrics = SlurmMetrics(self.clients)
+        self.metrics_api: extapi.MetricsAPI | None = None
 
     def build(self) -> None:
         opts = Options(
             token_lifetime=float(self.args.slurm_token_lifetime),
             ping_interval=float(self.args.cluster_ping_interval),
+            idle_poll_interval=float(self.args.slurm_idle_poll_interval),
         )
         self.controllers.append(
             cluster_controller.build(
@@ -132,20 +167,49 @@ class Operator:
                 workers=self.args.nodeset_workers,
             )
         )
+        nodesets = self.factory.shared(NODESETS)
+        self.gauges = Gauges(self.metrics, nodesets.objects)
+        REGISTRY.register(self.gauges)
+        if self.args.metrics_api_bind_address not in ("", "0"):
+            ca = self.args.metrics_api_client_ca_file
+            self.metrics_api = extapi.MetricsAPI(
+                kube=self.kube,
+                clients=self.clients,
+                metrics=self.metrics,
+                nodeset_get=nodesets.get,
+                leading=lambda: self.leading,
+                tls=extapi.TLSFiles(
+                    Path(self.args.metrics_api_cert_file),
+                    Path(self.args.metrics_api_key_file),
+                    Path(ca) if ca else None,
+                ),
+                allowed_names=[n for n in self.args.metrics_api_allowed_names.split(",") if n],
+            )
         self.server.add_health_check("ping", lambda: True)
+        self.server.add_health_check("loops", self.loops_healthy)
+        # Not the Lease: every replica syncs its caches and is ready, so a rolling update of
+        # a two-replica Deployment proceeds while only one of them leads.
         self.server.add_ready_check("informers", lambda: self.factory.has_synced)
 
+    def loops_healthy(self) -> bool:
+        """Every informer loop runs (one that died is being restarted meanwhile)."""
+        loops = [*self.factory.informers, *self.clients.informers()]
+        down = [repr(loop) for loop in loops if not loop.healthy]
+        if down:
+            log.warning("background loops down: %s", "; ".join(down))
+        return not down
+
     async def lead(self, stop: asyncio.Event) -> None:
-        """Everything that only the leader does."""
+        """Everything that only the leader does. Cancelled when leadership is lost: then
+        it stops at once, without waiting for in-flight work."""
         self.leading = True
-        self.factory.start()
         try:
             await run_all(self.controllers, stop)
         finally:
             self.leading = False
-            await self.factory.stop()
             await self.clients.close_all()
-            await self.recorder.flush()
+            if stop.is_set():
+                await self.recorder.flush()
 
     async def _elect_and_lead(self, stop: asyncio.Event) -> None:
         if not self.args.leader_elect:
@@ -184,7 +248,10 @@ class Operator:
             self.identity,
             ", ".join(self.args.namespace) or "all",
         )
+        if self.metrics_api is not None:
+            await self.metrics_api.start_serving(self.args.metrics_api_bind_address)
         code = 0
+        self.factory.start()  # caches run on every replica, leader or not
         work = asyncio.create_task(self._elect_and_lead(stop), name="operator")
         try:
             stopping = asyncio.create_task(stop.wait())
@@ -202,6 +269,10 @@ class Operator:
             log.error("lost leadership; exiting so a restart starts clean")
             code = 1
         finally:
+            await self.factory.stop()
+            if self.metrics_api is not None:
+                await self.metrics_api.stop_serving()
+            REGISTRY.unregister(self.gauges)
             await self.server.stop()
             await self.kube.close()
         log.info("slurm-operator stopped")

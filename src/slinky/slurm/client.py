@@ -2,9 +2,10 @@
 
 One pooled connection set per Slurm cluster. The data-parser version is negotiated once:
 the client reads the versions the server serves (`/openapi/v3`) and uses the newest it
-speaks. Connection errors are retried with backoff (a request that may have reached the
-server only when it is idempotent); an HTTP answer is never retried, except a refused token,
-which is refreshed and tried once more.
+speaks; a bare HTTP 404 (the server stopped serving that version) negotiates again.
+Connection errors are retried with backoff (a request that may have reached the server only
+when it is idempotent); an HTTP answer is never retried, except a refused token, which is
+refreshed and tried once more.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 import re
 import time
 from collections.abc import Mapping
@@ -21,6 +21,7 @@ from typing import Any
 import httpx2
 from prometheus_client import Counter, Histogram
 
+from slinky.background import Backoff
 from slinky.slurm import errors
 from slinky.slurm.models import Job, Node, Partition, Ping, Reservation, Resources, number
 from slinky.slurm.tokens import TokenProvider
@@ -95,6 +96,7 @@ class SlurmClient:
         """One HTTP exchange with token refresh on 401 and retries on connection errors."""
         refreshed = False
         attempt = 0
+        backoff = Backoff(0.1, 2.0)
         endpoint = _endpoint(path)
         while True:
             token = await self.tokens.token()
@@ -120,9 +122,8 @@ class SlurmClient:
                         f"{type(e).__name__}: {e}",
                         endpoint=endpoint,
                     ) from None
-                delay = min(0.1 * 2**attempt, 2.0) * random.uniform(0.8, 1.2)
                 attempt += 1
-                await asyncio.sleep(delay)
+                await asyncio.sleep(backoff.next())
                 continue
             finally:
                 LATENCY.labels(self.url, method, endpoint).observe(time.perf_counter() - t0)
@@ -172,12 +173,20 @@ class SlurmClient:
         errs = [errors.SlurmErrorEntry.of(e) for e in data.get("errors") or []]
         real_errs = [e for e in errs if e.error_number != 0]
         if resp.status_code >= 400 or real_errs:
-            raise errors.classify(
+            err = errors.classify(
                 f"{what or method + ' ' + path} failed: HTTP {resp.status_code}",
                 status=resp.status_code,
                 errors=errs,
                 endpoint=_endpoint(full),
             )
+            if isinstance(err, errors.SlurmEndpointMissing) and self.version == version:
+                log.warning(
+                    "slurmrestd %s: %s is not served; negotiating the data parser again",
+                    self.url,
+                    full,
+                )
+                self.version = None
+            raise err
         return resp.status_code, data
 
     # ------------------------------------------------------------ negotiation
@@ -356,6 +365,28 @@ class SlurmClient:
     async def list_partitions(self) -> list[Partition]:
         _, data = await self.call("GET", "partitions/", what="list partitions")
         return [Partition.parse(p) for p in data.get("partitions") or []]
+
+    async def list_partitions_since(
+        self, update_time: int | None
+    ) -> tuple[list[Partition] | None, int]:
+        """All partitions and `last_update`; (None, update_time) when none changed since."""
+        params = {"update_time": update_time} if update_time else None
+        status, data = await self.call("GET", "partitions/", params=params, what="list partitions")
+        last = number(data.get("last_update")) or 0
+        if status == 304 or (update_time and last == 0):
+            return None, update_time or last
+        return [Partition.parse(p) for p in data.get("partitions") or []], last
+
+    async def put_partition(self, partition: JSON) -> None:
+        """Create the partition, or update the fields given (`POST /partitions/`)."""
+        name = partition.get("name")
+        await self.call(
+            "POST", "partitions/", body={"partitions": [partition]}, what=f"put partition {name}"
+        )
+
+    async def delete_partition(self, name: str) -> None:
+        """Delete a partition; SlurmNotFound when it does not exist."""
+        await self.call("DELETE", f"partition/{name}", what=f"delete partition {name}")
 
     async def get_partition(self, name: str) -> Partition:
         _, data = await self.call("GET", f"partition/{name}", what=f"get partition {name}")

@@ -1,7 +1,8 @@
 """Slurm errors as exceptions carrying Slurm's own error number and text.
 
 slurmrestd reports failures in an `errors` array; the HTTP status alone is not enough
-(a missing node answers 200 or 422, an invalid token 401 or 511). These classes let callers
+(a missing node answers 200 or 422, an invalid token 401 or 511). Only a Slurm error number
+says "no such object": a bare HTTP 404 means the path is not served. These classes let callers
 tell apart the answers that matter: not found, busy, unauthorized, unreachable.
 """
 
@@ -70,6 +71,11 @@ class SlurmNotFound(SlurmError):
     """The node, job, partition or reservation does not exist (a definite answer)."""
 
 
+class SlurmEndpointMissing(SlurmError):
+    """HTTP 404 without a Slurm error: the path is not served (a data parser the server
+    stopped serving, a proxy in front of slurmrestd). Not an answer about the object."""
+
+
 class SlurmNodeBusy(SlurmError):
     """The node runs jobs (e.g. delete of a busy node)."""
 
@@ -100,6 +106,8 @@ def classify(
         return SlurmAuthError(message, **kwargs)
     if ESLURM_NODES_BUSY in numbers or any("busy" in e.error.lower() for e in errors):
         return SlurmNodeBusy(message, **kwargs)
-    if numbers & NOT_FOUND_ERRNOS or status == 404:
+    if numbers & NOT_FOUND_ERRNOS:
         return SlurmNotFound(message, **kwargs)
+    if status == 404:
+        return SlurmEndpointMissing(message, **kwargs)
     return SlurmError(message, **kwargs)

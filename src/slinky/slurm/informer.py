@@ -23,7 +23,7 @@ from typing import Any, Literal, TypeVar
 from slinky.background import BackgroundLoop, Backoff
 from slinky.slurm import errors
 from slinky.slurm.client import SlurmClient
-from slinky.slurm.models import Job, Node
+from slinky.slurm.models import Job, Node, Partition
 
 log = logging.getLogger(__name__)
 
@@ -76,17 +76,22 @@ class SlurmInformer(BackgroundLoop):
         client: SlurmClient,
         *,
         poll_interval: float = 2.0,
+        idle_interval: float | None = None,
         resync_interval: float = 30.0,
         watch_jobs: bool = False,
         max_backoff: float = 30.0,
     ) -> None:
         self.client = client
         self.poll_interval = poll_interval
+        self.idle_interval = idle_interval
         self.resync_interval = resync_interval
         self.watch_jobs = watch_jobs
         self.max_backoff = max_backoff
         self.nodes: dict[str, Node] = {}
         self.jobs: dict[int, Job] = {}
+        # With watch_jobs: partitions by name too (autoscaling metrics name them).
+        self.partitions: dict[str, Partition] = {}
+        self._partition_update = 0
         self.stale = True
         self.last_error: str = ""
         self.last_success = 0.0
@@ -102,6 +107,8 @@ class SlurmInformer(BackgroundLoop):
         self._subscribers: list[Subscriber] = []
         self._wake = asyncio.Event()
         self._full_next = False
+        self._demand: dict[str, float] = {}  # who waits on Slurm -> since when (monotonic)
+        self._last_poll_done = 0.0
 
     def __repr__(self) -> str:
         return f"<SlurmInformer {self.client.url} nodes={len(self.nodes)} stale={self.stale}>"
@@ -130,6 +137,27 @@ class SlurmInformer(BackgroundLoop):
     async def wait_synced(self) -> None:
         await self._synced.wait()
 
+    def demand(self, key: str, wanted: bool) -> None:
+        """`key` (e.g. a NodeSet) waits on Slurm (`wanted`) or no longer does. While anyone
+        waits the informer polls every `poll_interval`, otherwise every `idle_interval`."""
+        if wanted and key not in self._demand:
+            self._demand[key] = time.monotonic()
+            self.poke()  # switch to fast polling now, not after the idle interval
+        elif not wanted:
+            self._demand.pop(key, None)
+
+    def fresh_for(self, key: str) -> bool:
+        """Whether a poll completed since `key` started waiting: its decisions then rest on
+        a view at most one fast poll old, not on one from the idle interval."""
+        since = self._demand.get(key)
+        return since is not None and self._last_poll_done > since
+
+    @property
+    def interval(self) -> float:
+        if self._demand or self.idle_interval is None:
+            return self.poll_interval
+        return max(self.poll_interval, self.idle_interval)
+
     def poke(self, *, full: bool = False) -> None:
         """Poll now (after we changed something and want to see the result early).
         `full`: list everything, as slurmctld does not advance `update_time` when a node is
@@ -149,9 +177,14 @@ class SlurmInformer(BackgroundLoop):
             try:
                 await self.poll_once()
                 backoff.reset()
-                delay = self.poll_interval
+                delay = self.interval
             except errors.SlurmError as e:
                 self._mark_stale(str(e))
+                delay = backoff.next()
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                # An answer we cannot read must not freeze the cache silently.
+                log.exception("%s: unexpected payload from slurmrestd", self)
+                self._mark_stale(f"unexpected payload from slurmrestd: {type(e).__name__}: {e}")
                 delay = backoff.next()
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
@@ -170,6 +203,12 @@ class SlurmInformer(BackgroundLoop):
             jobs, job_last = await self.client.list_jobs(
                 update_time=None if full else self._job_update
             )
+        if self.watch_jobs:
+            parts, self._partition_update = await self.client.list_partitions_since(
+                None if full else self._partition_update
+            )
+            if parts is not None:
+                self.partitions = {p.name: p for p in parts}
         if full:
             self.full_lists += 1
             self._last_resync = now
@@ -182,6 +221,7 @@ class SlurmInformer(BackgroundLoop):
             self._diff_jobs(jobs)
         self._job_update = job_last or self._job_update
         self.last_success = time.time()
+        self._last_poll_done = time.monotonic()
         self.last_error = ""
         self._synced.set()
         if self.stale:

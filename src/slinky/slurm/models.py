@@ -3,6 +3,7 @@ v0.0.45 for these fields). Each keeps its `raw` dict for anything not modelled."
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,24 @@ def csv(value: Any) -> list[str]:
     if isinstance(value, str):
         return [v for v in value.split(",") if v]
     return []
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """Slurm's compressed host list as names: "cpu-[0-2,5],gpu-1" -> cpu-0 cpu-1 cpu-2 cpu-5
+    gpu-1. Zero padding is kept ("n[08-10]" -> n08 n09 n10)."""
+    out: list[str] = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", hostlist):
+        m = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", part)
+        if not m:
+            out.append(part)
+            continue
+        prefix, ranges, suffix = m.groups()
+        for r in ranges.split(","):
+            lo, _, hi = r.partition("-")
+            width = len(lo)
+            for i in range(int(lo), int(hi or lo) + 1):
+                out += expand_hostlist(f"{prefix}{i:0{width}d}{suffix}")
+    return out
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,11 @@ class ClusterSpec:
     )
     controller: ControllerAddress | None = prop(description="slurmctld address for slurmd pods.")
     poll_interval: str = prop(
-        default="2s", pattern=DURATION_PATTERN, description="How often Slurm state is refreshed."
+        default="500ms",
+        pattern=DURATION_PATTERN,
+        description="How often Slurm state is refreshed while something waits on it (a pod "
+        "being drained, a rolling update); idle, the operator polls slowly "
+        "(--slurm-idle-poll-interval).",
     )
 
 

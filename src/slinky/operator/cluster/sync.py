@@ -28,6 +28,7 @@ import jwt
 from slinky.api.schema import ParseError, parse
 from slinky.api.v1alpha1.cluster import ClusterSpec
 from slinky.api.v1alpha1.common import parse_duration
+from slinky.background import Backoff
 from slinky.kube import conditions, events, objects, rest
 from slinky.kube.controller import DONE, Result
 from slinky.kube.informer import MultiInformer
@@ -67,6 +68,7 @@ class Auth:
 class Options:
     token_lifetime: float = 900.0
     ping_interval: float = 30.0
+    idle_poll_interval: float = 30.0
     max_retry_interval: float = 60.0
 
 
@@ -134,7 +136,7 @@ class ClusterSync:
         self.clients = clients
         self.recorder = recorder
         self.opts = opts or Options()
-        self._failures: dict[str, int] = {}
+        self._failures: dict[str, Backoff] = {}
 
     async def reconcile(self, key: str) -> Result:
         obj = self.clusters.get(key)
@@ -223,10 +225,16 @@ class ClusterSync:
                 conn.auth_fingerprint = auth.fingerprint
                 conn.informer.poke()
             conn.informer.poll_interval = poll_interval
+            conn.informer.idle_interval = self.opts.idle_poll_interval
             conn.controller_addr = ctld
             return conn
         client = SlurmClient(cspec.server, auth.make_tokens())
-        informer = SlurmInformer(client, poll_interval=poll_interval)
+        informer = SlurmInformer(
+            client,
+            poll_interval=poll_interval,
+            idle_interval=self.opts.idle_poll_interval,
+            watch_jobs=True,  # pending jobs feed the autoscaling metrics (operator/autoscale)
+        )
         conn = Connection(key, uid, cspec.server, client, informer, auth.fingerprint, ctld)
         await self.clients.put(conn)
         return conn
@@ -234,9 +242,8 @@ class ClusterSync:
     async def _not_ready(self, key: str, obj: JSON, reason: str, message: str) -> Result:
         log.warning("cluster %s: not ready: %s: %s", key, reason, message)
         await self._write_status(obj, {"isReady": False}, False, reason, message)
-        n = self._failures.get(key, 0)
-        self._failures[key] = n + 1
-        return Result(requeue_after=min(2.0**n, self.opts.max_retry_interval))
+        backoff = self._failures.setdefault(key, Backoff(1.0, self.opts.max_retry_interval))
+        return Result(requeue_after=backoff.next())
 
     async def _write_status(
         self, obj: JSON, status: JSON, ready: bool, reason: str, message: str

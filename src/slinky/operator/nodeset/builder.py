@@ -17,7 +17,8 @@ import shlex
 from typing import Any
 
 from slinky.api.v1alpha1 import API_VERSION
-from slinky.api.v1alpha1.nodeset import LabelSelector, NodeSetSpec
+from slinky.api.v1alpha1.nodeset import KIND, LabelSelector, NodeSetSpec
+from slinky.kube import objects
 
 JSON = dict[str, Any]
 
@@ -69,21 +70,30 @@ def selector_string(selector: LabelSelector) -> str:
     return ",".join(parts)
 
 
-def revision_hash(template: JSON) -> str:
-    """A short stable hash of the pod template (the ControllerRevision's identity)."""
-    data = json.dumps(template, sort_keys=True, separators=(",", ":")).encode()
+def revision_hash(template: JSON, conf_server: str | None, service: str = "") -> str:
+    """A short stable hash of what the pods are built from: the template, slurmd's
+    `--conf-server` (so changing the Cluster's `spec.controller` rolls the pods) and the
+    Service giving them DNS (their subdomain)."""
+    data = json.dumps(
+        {"template": template, "confServer": conf_server, "service": service},
+        sort_keys=True,
+        separators=(",", ":"),
+    ).encode()
     return hashlib.sha256(data).hexdigest()[:10]
 
 
 def owner_ref(nodeset_obj: JSON) -> JSON:
-    return {
-        "apiVersion": API_VERSION,
-        "kind": "NodeSet",
-        "name": nodeset_obj["metadata"]["name"],
-        "uid": nodeset_obj["metadata"]["uid"],
-        "controller": True,
-        "blockOwnerDeletion": True,
-    }
+    return objects.owner_reference(
+        {"apiVersion": API_VERSION, "kind": KIND, "metadata": nodeset_obj["metadata"]}
+    )
+
+
+def template_sets_conf_server(template: JSON) -> bool:
+    """Whether the template's slurmd container already passes `--conf-server`."""
+    for c in (template.get("spec") or {}).get("containers") or []:
+        if c.get("name") == SLURMD_CONTAINER:
+            return _has_flag([str(a) for a in c.get("args") or []], "--conf-server")
+    return False
 
 
 def _has_flag(args: list[str], *flags: str) -> bool:
@@ -114,9 +124,20 @@ def slurmd_args(args: list[str], *, nodeset: str, conf_server: str | None) -> li
 
 
 def pre_stop() -> JSON:
-    """DOWN (with the operator's reason) then delete the Slurm node record."""
+    """DRAIN, wait while jobs run (bounded by the pod's terminationGracePeriodSeconds),
+    then DOWN (with the operator's reason) and delete the Slurm node record.
+
+    The operator drains before it deletes a pod; the wait is for deletions it does not
+    control (a namespace being deleted, `kubectl delete pod`), so those do not kill a job
+    that ends within the grace period. A drain made by someone else keeps its reason."""
     reason = shlex.quote(f"reason={PRESTOP_REASON}")
     script = (
+        'state() { s=$(scontrol -o show node "$HOSTNAME" 2>/dev/null) || return 1; '
+        's=${s#*State=}; echo "${s%% *}"; }; '
+        'case "$(state)" in *DRAIN*) ;; *) '
+        f'scontrol update nodename="$HOSTNAME" state=DRAIN {reason} || true;; esac; '
+        'while :; do case "$(state)" in '
+        "*ALLOCATED*|*MIXED*|*COMPLETING*) sleep 1;; *) break;; esac; done; "
         f'scontrol update nodename="$HOSTNAME" state=DOWN {reason} || true; '
         'scontrol delete nodename="$HOSTNAME" || true'
     )
@@ -251,7 +272,9 @@ def build_pdb(nodeset_obj: JSON) -> JSON:
     }
 
 
-def build_revision(nodeset_obj: JSON, spec: NodeSetSpec, revision: str, number: int) -> JSON:
+def build_revision(
+    nodeset_obj: JSON, spec: NodeSetSpec, revision: str, number: int, conf_server: str | None
+) -> JSON:
     name = str(nodeset_obj["metadata"]["name"])
     return {
         "apiVersion": "apps/v1",
@@ -262,7 +285,7 @@ def build_revision(nodeset_obj: JSON, spec: NodeSetSpec, revision: str, number: 
             "labels": {LABEL_NODESET: name, LABEL_REVISION: revision},
             "ownerReferences": [owner_ref(nodeset_obj)],
         },
-        "data": {"spec": {"template": spec.template}},
+        "data": {"spec": {"template": spec.template}, "confServer": conf_server},
         "revision": number,
     }
 

@@ -1,8 +1,10 @@
 """What the NodeSet controller watches, and which events enqueue which NodeSet.
 
 - NodeSets: their own key.
-- Pods: the owning NodeSet (controller owner reference); pod adds/deletes also settle
-  expectations.
+- Clusters: a Cluster change (e.g. `spec.controller`) enqueues its NodeSets.
+- Pods, Services, PodDisruptionBudgets, ControllerRevisions (only those the operator made,
+  by label): the owning NodeSet; pod adds/deletes also settle expectations; a deleted
+  Service or PDB is re-created by the reconcile this enqueues.
 - Kubernetes Nodes: a node cordoned or uncordoned (or its cordon reason changed) enqueues the
   NodeSets with pods on it (index by spec.nodeName).
 - Slurm (the seeds' "Slurm event channel"): a change of Slurm node `X` of Cluster `ns/c`
@@ -20,16 +22,27 @@ from slinky.kube.expectations import Expectations
 from slinky.kube.informer import Handler, InformerFactory
 from slinky.kube.store import BY_NODE_NAME, index_node_name, key_of
 from slinky.operator.clients import ClusterClients
+from slinky.operator.nodeset import builder
 from slinky.operator.nodeset.sync import NodeSetSync
+from slinky.operator.resources import CLUSTERS, NODESETS
 from slinky.slurm.informer import SlurmEvent
 
 JSON = dict[str, Any]
 BY_CLUSTER = "cluster"
+MANAGED = f"{builder.LABEL_MANAGED_BY}={builder.MANAGER}"
 
 
 def cluster_of_nodeset(obj: JSON) -> list[str]:
     name = (obj.get("spec") or {}).get("clusterName")
     return [f"{obj['metadata']['namespace']}/{name}"] if name else []
+
+
+def expectation_key(pod: JSON) -> str | None:
+    """`ns/nodeset/uid` of the NodeSet controlling `pod` (the sync's `View.exp_key`)."""
+    for ref in pod["metadata"].get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == "NodeSet":
+            return f"{pod['metadata']['namespace']}/{ref['name']}/{ref['uid']}"
+    return None
 
 
 def build(
@@ -40,17 +53,23 @@ def build(
     *,
     workers: int = 4,
 ) -> Controller:
-    from slinky.operator.resources import NODESETS
-
     nodesets = factory.shared(NODESETS, indexers={BY_CLUSTER: cluster_of_nodeset})
-    pods = factory.shared(rest.PODS, indexers={BY_NODE_NAME: index_node_name})
+    clusters = factory.shared(CLUSTERS)
+    pods = factory.shared(
+        rest.PODS, label_selector=MANAGED, indexers={BY_NODE_NAME: index_node_name}
+    )
+    services = factory.shared(rest.SERVICES, label_selector=MANAGED)
+    pdbs = factory.shared(rest.PDBS, label_selector=MANAGED)
     nodes = factory.informer(rest.NODES)
-    revisions = factory.shared(rest.CONTROLLER_REVISIONS)
+    revisions = factory.shared(rest.CONTROLLER_REVISIONS, label_selector=builder.LABEL_NODESET)
     expectations = Expectations()
     sync = NodeSetSync(
         kube,
         nodesets=nodesets,
+        clusters=clusters,
         pods=pods,
+        services=services,
+        pdbs=pdbs,
         nodes=nodes,
         revisions=revisions,
         clients=clients,
@@ -59,21 +78,23 @@ def build(
     )
     ctrl = Controller("nodeset", sync, workers=workers)
     ctrl.watch(nodesets)
+    ctrl.watch(
+        clusters,
+        lambda c: [key_of(n) for n in nodesets.by_index(BY_CLUSTER, key_of(c))],
+        predicate=lambda old, new: old is None or old.get("spec") != new.get("spec"),
+    )
     to_owner = owner_mapper("NodeSet")
     ctrl.watch(pods, to_owner)
-
-    def exp_key(pod: JSON) -> str | None:
-        for ref in pod["metadata"].get("ownerReferences") or []:
-            if ref.get("controller") and ref.get("kind") == "NodeSet":
-                return f"{pod['metadata']['namespace']}/{ref['name']}/{ref['uid']}"
-        return None
+    ctrl.watch(services, to_owner, predicate=lambda old, new: old is None)
+    ctrl.watch(pdbs, to_owner, predicate=lambda old, new: old is None)
+    ctrl.watch(revisions, to_owner, predicate=lambda old, new: old is None)
 
     def observed_add(pod: JSON) -> None:
-        if k := exp_key(pod):
+        if k := expectation_key(pod):
             expectations.creation_observed(k)
 
     def observed_delete(pod: JSON) -> None:
-        if k := exp_key(pod):
+        if k := expectation_key(pod):
             expectations.deletion_observed(k, pod["metadata"]["uid"])
 
     pods.add_handler(Handler(on_add=observed_add, on_delete=observed_delete))
@@ -85,7 +106,7 @@ def build(
             ann = n["metadata"].get("annotations") or {}
             return (
                 (n.get("spec") or {}).get("unschedulable"),
-                ann.get("nodeset.slinky.slurm.net/node-cordon-reason"),
+                ann.get(builder.ANNOTATION_NODE_CORDON_REASON),
             )
 
         return old is not None and cordon(old) != cordon(new)

@@ -1,145 +1,75 @@
 """One reconcile of a NodeSet, as a list of named steps:
 
-1. `ensure_children`  — headless Service, PodDisruptionBudget, ControllerRevision;
+1. `ensure_children`  — headless Service, PodDisruptionBudget, ControllerRevision (re-created
+                        when deleted; the Service follows `serviceName`);
 2. `replace_finished` — pods that ended (Succeeded/Failed) are deleted and later re-created;
-3. `mirror_slurm`     — Slurm node state onto pods (conditions, `pod-protect` label) and the
-                        pod's identity into the Slurm node's comment;
-4. `sync_cordon`      — `pod-cordon` or a cordoned Kubernetes node drains the Slurm node;
-                        lifting it undrains (only drains the operator made);
-5. `scale`            — out: missing ordinals in slow-start batches; in: condemn victims
-                        (scaling.py order), DRAIN, delete each pod only once drained;
-6. `rolling_update`   — replace old-revision pods, draining each first, never more than
-                        maxUnavailable unavailable (old and new counted together);
-7. `write_status`.
+3. `mirror.mirror_slurm` / `mirror.sync_cordon` — state both ways (mirror.py);
+4. `scalein.scale_in` or `scale_out` — remove victims through the drain-before-delete path
+                        (scalein.py), or create missing ordinals in slow-start batches;
+5. `update.rolling_update` — the rolling update rule (update.py);
+6. `partition.Partitions.sync` — the NodeSet's Slurm partition (partition.py);
+7. `status.write_status` — status.py.
 
-Every deletion of a pod whose slurmd may run jobs goes through `remove_when_drained`, which
-asks Slurm and fails closed. Steps 5-6 wait while expectations from a previous reconcile
-are unmet, so a stale cache never creates or deletes twice.
+A NodeSet being deleted runs `scalein.finalize` instead: every pod leaves through the same
+path, and the finalizer goes only when none is left and the NodeSet's partition is deleted.
+
+Pods are built from the Cluster object's `spec.controller` (the `--conf-server` of slurmd),
+never from whether a Slurm connection happens to be up; that address is part of the pod
+revision, so changing it rolls the pods. Steps 4-5 wait while expectations from a previous
+reconcile are unmet, so a stale cache never creates or deletes twice.
 """
 
 from __future__ import annotations
 
-import datetime as dt
+import functools
 import logging
-import math
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from slinky.api.schema import ParseError, parse
-from slinky.api.v1alpha1.nodeset import NodeSetSpec, RollingUpdate
-from slinky.kube import conditions, events, objects, rest
+from slinky.api.v1alpha1.cluster import ClusterSpec
+from slinky.api.v1alpha1.nodeset import NodeSetSpec
+from slinky.kube import events, objects, rest
 from slinky.kube.controller import DONE, Result
 from slinky.kube.expectations import Expectations
 from slinky.kube.informer import Informer, MultiInformer
 from slinky.kube.store import BY_OWNER_UID
 from slinky.operator.clients import ClusterClients, Connection
-from slinky.operator.nodeset import builder, scaling, slurmcontrol
-from slinky.operator.nodeset.builder import (
-    ANNOTATION_CONDEMNED,
-    ANNOTATION_CORDON,
-    ANNOTATION_NODE_CORDON_REASON,
-    LABEL_PROTECT,
-    LABEL_REVISION,
-    REASON_PREFIX,
-)
+from slinky.operator.nodeset import builder, mirror, partition, pods, scalein, status, update
 from slinky.operator.nodeset.podcontrol import PodControl
-from slinky.operator.resources import NODESETS
-from slinky.slurm.models import Node
+from slinky.operator.nodeset.view import Context, View
+from slinky.operator.resources import FINALIZER, NODESETS
+from slinky.slurm import errors
+from slinky.slurm.models import expand_hostlist
 
 log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
-CONDEMNED_SCALE_IN = "scale-in"
-CONDEMNED_UPDATE = "update"
-DRAIN_RECHECK_S = 15.0
-SLURM_CONDITIONS = (
-    "Idle",
-    "Allocated",
-    "Mixed",
-    "Down",
-    "Drain",
-    "Completing",
-    "NotResponding",
-    "Fail",
-)
+ANNOTATION_SKIP_DRAIN = "nodeset.slinky.slurm.net/delete-without-drain"
+WAITING_FOR_TERMINATING_S = 2.0
+REGISTERING_RECHECK_S = 10.0
+CREATES_IN_FLIGHT = 64  # a batch of 2,048 at once only makes a loaded apiserver time out
 
 
-def phase(pod: JSON) -> str:
-    return str((pod.get("status") or {}).get("phase") or "Pending")
-
-
-def revision_of(pod: JSON) -> str:
-    return str((pod["metadata"].get("labels") or {}).get(LABEL_REVISION, ""))
-
-
-def condemned(pod: JSON) -> str | None:
-    return scaling.annotation(pod, ANNOTATION_CONDEMNED)
-
-
-def ready_since(pod: JSON) -> dt.datetime | None:
-    for c in (pod.get("status") or {}).get("conditions") or []:
-        if c.get("type") == "Ready" and c.get("status") == "True":
-            ts = c.get("lastTransitionTime")
-            if ts:
-                return dt.datetime.fromisoformat(ts.replace("Z", "+00:00"))
-            return dt.datetime.now(dt.UTC)
-    return None
-
-
-def slurm_conditions(node: Node) -> dict[str, tuple[bool, str]]:
-    """Pod condition type -> (status, message) for a Slurm node state."""
-    s = node.state
-    flags = {
-        "Idle": s.base == "IDLE",
-        "Allocated": s.base == "ALLOCATED",
-        "Mixed": s.base == "MIXED",
-        "Down": s.base == "DOWN",
-        "Drain": s.is_drain,
-        "Completing": s.has("COMPLETING"),
-        "NotResponding": s.has("NOT_RESPONDING"),
-        "Fail": s.has("FAIL"),
-    }
-    out = {}
-    for name in SLURM_CONDITIONS:
-        on = flags[name]
-        message = node.reason if on and name in ("Down", "Drain", "Fail") else ""
-        out[f"SlurmNodeState{name}"] = (on, message)
+def slow_start_batches(total: int, initial: int = 1) -> list[int]:
+    """Batch sizes 1, 2, 4, ... summing to `total` (client-go's slowStartBatch)."""
+    out = []
+    size = initial
+    left = total
+    while left > 0:
+        n = min(size, left)
+        out.append(n)
+        left -= n
+        size *= 2
     return out
 
 
-def max_unavailable(ru: RollingUpdate | None, replicas: int) -> int:
-    raw = 1 if ru is None or ru.max_unavailable is None else ru.max_unavailable
-    value = cast(int | str, raw)
-    if isinstance(value, str):
-        pct = int(value.rstrip("%"))
-        return max(1, math.floor(replicas * pct / 100))
-    return max(1, int(value))
+class NoControllerAddress(Exception):
+    """No `--conf-server` can be given to slurmd: no pod is created."""
 
-
-@dataclass
-class View:
-    """What one reconcile knows about a NodeSet."""
-
-    obj: JSON
-    spec: NodeSetSpec
-    key: str
-    exp_key: str
-    revision: str
-    conn: Connection | None
-    active: list[JSON]
-    terminating: list[JSON]
-
-    @property
-    def name(self) -> str:
-        return str(self.obj["metadata"]["name"])
-
-    def ordinal(self, pod: JSON) -> int:
-        o = builder.ordinal_of(self.name, pod["metadata"]["name"])
-        return o if o is not None else 1 << 30
-
-    def slurm_node(self, pod: JSON) -> Node | None:
-        return slurmcontrol.cached_node(self.conn, pod["metadata"]["name"])
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
 
 
 class NodeSetSync:
@@ -148,231 +78,211 @@ class NodeSetSync:
         kube: rest.Kube,
         *,
         nodesets: MultiInformer,
+        clusters: MultiInformer,
         pods: MultiInformer,
+        services: MultiInformer,
+        pdbs: MultiInformer,
         nodes: Informer,
         revisions: MultiInformer,
         clients: ClusterClients,
         recorder: events.EventRecorder,
         expectations: Expectations,
     ) -> None:
-        self.kube = kube
         self.nodesets = nodesets
+        self.clusters = clusters
         self.pods = pods
-        self.nodes = nodes
+        self.services = services
+        self.pdbs = pdbs
         self.revisions = revisions
         self.clients = clients
-        self.recorder = recorder
-        self.expectations = expectations
-        self.podcontrol = PodControl(kube, expectations)
-        self._children_done: set[tuple[str, str]] = set()
+        self.partitions = partition.Partitions()
+        self.ctx = Context(
+            kube=kube,
+            podcontrol=PodControl(kube, expectations),
+            recorder=recorder,
+            nodes=nodes,
+            expectations=expectations,
+        )
 
     # ------------------------------------------------------------ entry
 
     async def reconcile(self, key: str) -> Result:
         obj = self.nodesets.get(key)
-        if obj is None or obj["metadata"].get("deletionTimestamp"):
-            return DONE  # owned pods go by garbage collection; each preStop removes its node
+        if obj is None:
+            for informer in self.clients.informers():
+                informer.demand(key, False)
+            return DONE
         meta = obj["metadata"]
+        if meta.get("deletionTimestamp") and not objects.has_finalizer(obj, FINALIZER):
+            return DONE
         try:
             spec = parse(NodeSetSpec, obj.get("spec"), "spec")
         except ParseError as e:
-            await self.write_condition_only(obj, "InvalidSpec", str(e))
+            await status.write_condition_only(self.ctx, obj, "InvalidSpec", str(e))
             return DONE
+        if not meta.get("deletionTimestamp") and not objects.has_finalizer(obj, FINALIZER):
+            obj = await objects.add_finalizer(self.ctx.kube, NODESETS, obj, FINALIZER)
+            meta = obj["metadata"]
+        view = self.view_of(key, obj, spec)
+        try:
+            if view.deleting:
+                return await self.finalize(view)
+            return await self.sync(view)
+        finally:
+            self.demand_fast_polls(view)
+
+    def view_of(self, key: str, obj: JSON, spec: NodeSetSpec) -> View:
+        meta = obj["metadata"]
         owned = self.pods.by_index(BY_OWNER_UID, meta["uid"])
-        view = View(
+        conf_server: str | None = None
+        conf_problem: tuple[str, str] | None = None
+        try:
+            conf_server = self.conf_server(meta["namespace"], spec)
+        except NoControllerAddress as e:
+            conf_problem = (e.reason, e.message)
+        revision = builder.revision_hash(
+            spec.template, conf_server, builder.service_name(obj, spec)
+        )
+        if conf_problem is not None:
+            # Without a controller address there is no new revision to roll to: keep the
+            # pods where they are rather than replace them by pods that cannot be built.
+            revision = str((obj.get("status") or {}).get("updateRevision") or revision)
+        return View(
             obj=obj,
             spec=spec,
             key=key,
             exp_key=f"{key}/{meta['uid']}",
-            revision=builder.revision_hash(spec.template),
+            revision=revision,
+            conf_server=conf_server,
             conn=self.clients.get(f"{meta['namespace']}/{spec.cluster_name}"),
-            active=[p for p in owned if not p["metadata"].get("deletionTimestamp")],
-            terminating=[p for p in owned if p["metadata"].get("deletionTimestamp")],
+            active={pods.name(p): p for p in owned if not p["metadata"].get("deletionTimestamp")},
+            terminating={pods.name(p): p for p in owned if p["metadata"].get("deletionTimestamp")},
+            conf_problem=conf_problem,
         )
+
+    def conf_server(self, namespace: str, spec: NodeSetSpec) -> str | None:
+        """slurmd's `--conf-server`: the Cluster's `spec.controller`. None when the template
+        already sets the flag. Raises NoControllerAddress when neither says where it is."""
+        if builder.template_sets_conf_server(spec.template):
+            return None
+        cluster = self.clusters.get(f"{namespace}/{spec.cluster_name}")
+        if cluster is None:
+            raise NoControllerAddress(
+                "ClusterNotFound",
+                f"Cluster {namespace}/{spec.cluster_name} (spec.clusterName) not found; "
+                "no pod is created until it exists",
+            )
+        try:
+            cspec = parse(ClusterSpec, cluster.get("spec"), "spec")
+        except ParseError as e:
+            raise NoControllerAddress(
+                "ClusterInvalid", f"Cluster {namespace}/{spec.cluster_name}: {e}"
+            ) from None
+        if cspec.controller is None:
+            raise NoControllerAddress(
+                "NoControllerAddress",
+                f"Cluster {namespace}/{spec.cluster_name} has no spec.controller and the "
+                "slurmd container sets no --conf-server; set spec.controller {host, port}",
+            )
+        return f"{cspec.controller.host}:{cspec.controller.port}"
+
+    async def sync(self, view: View) -> Result:
         await self.ensure_children(view)
         requeue: list[float] = []
-        if self.expectations.satisfied(view.exp_key):
+        if self.ctx.expectations.satisfied(view.exp_key):
             await self.replace_finished(view)
-            if self.slurm_usable(view):
-                await self.mirror_slurm(view)
-                await self.sync_cordon(view)
-            requeue += await self.scale(view)
-            requeue += await self.rolling_update(view)
+            if view.slurm_ready:
+                await mirror.mirror_slurm(self.ctx, view)
+                await mirror.sync_cordon(self.ctx, view)
+            if mirror.registering(view):
+                view.waits.append("new slurmd registering")
+                requeue.append(REGISTERING_RECHECK_S)  # ends the fast polls after the window
+            excess = len(view.active) - view.spec.replicas
+            requeue += await scalein.scale_in(
+                self.ctx, view, excess, lambda p: mirror.cordon_reason(self.ctx, p)
+            )
+            if excess < 0:
+                requeue += await self.scale_out(view, -excess)
+            if view.conf_problem is None:
+                requeue += await update.rolling_update(self.ctx, view)
         else:
             requeue.append(5.0)  # backstop: observations normally arrive first
-        requeue += await self.write_status(view)
+        if outcome := await self.partitions.sync(self.ctx, view):
+            view.conditions.append(
+                (partition.CONDITION, outcome.ok, outcome.reason, outcome.message)
+            )
+            if not outcome.ok:
+                requeue.append(partition.RETRY_S)
+        requeue += await status.write_status(self.ctx, view)
         return Result(requeue_after=min(requeue)) if requeue else DONE
 
-    def slurm_usable(self, view: View) -> bool:
-        return view.conn is not None and view.conn.informer.has_synced
+    def demand_fast_polls(self, view: View) -> None:
+        """Poll Slurm fast while this NodeSet waits on it, slowly otherwise."""
+        if view.conn is not None:
+            view.conn.informer.demand(view.key, bool(view.waits))
 
     # ------------------------------------------------------------ 1. children
 
     async def ensure_children(self, view: View) -> None:
-        """Service, PDB and the ControllerRevision of the current template (once each)."""
+        """Service, PDB and the ControllerRevision of the current template; re-created when
+        deleted (their informers enqueue the NodeSet)."""
+        ns = view.namespace
         uid = view.obj["metadata"]["uid"]
         generation = int(view.obj["metadata"].get("generation", 1))
-        children: list[tuple[str, rest.Resource, Callable[[], JSON]]] = [
-            ("service", rest.SERVICES, lambda: builder.build_service(view.obj, view.spec)),
-            ("pdb", rest.PDBS, lambda: builder.build_pdb(view.obj)),
-            (
-                f"rev-{view.revision}",
-                rest.CONTROLLER_REVISIONS,
-                lambda: builder.build_revision(view.obj, view.spec, view.revision, generation),
-            ),
+        service = builder.build_service(view.obj, view.spec)
+        pdb = builder.build_pdb(view.obj)
+        revision = builder.build_revision(
+            view.obj, view.spec, view.revision, generation, view.conf_server
+        )
+        children: list[tuple[MultiInformer, rest.Resource, JSON]] = [
+            (self.services, rest.SERVICES, service),
+            (self.pdbs, rest.PDBS, pdb),
         ]
-        for kind, res, build in children:
-            if (uid, kind) in self._children_done:
+        if view.conf_problem is None:
+            children.append((self.revisions, rest.CONTROLLER_REVISIONS, revision))
+        for informer, res, want in children:
+            have = informer.get(f"{ns}/{want['metadata']['name']}")
+            if have is not None and have["metadata"].get("deletionTimestamp") is None:
                 continue
-            await self.podcontrol.create_if_absent(res, build())
-            self._children_done.add((uid, kind))
-        await self.prune_revisions(view)
+            if await self.ctx.podcontrol.create_if_absent(res, want):
+                log.info("nodeset %s: created %s %s", view.key, res.kind, want["metadata"]["name"])
+        await self.prune_revisions(view, uid)
 
-    async def prune_revisions(self, view: View) -> None:
+    async def prune_revisions(self, view: View, uid: str) -> None:
         """Keep `revisionHistoryLimit` old ControllerRevisions besides those in use."""
-        in_use = {view.revision} | {revision_of(p) for p in view.active + view.terminating}
-        owned = self.revisions.by_index(BY_OWNER_UID, view.obj["metadata"]["uid"])
+        in_use = {view.revision} | {
+            pods.revision_of(p) for p in (*view.active.values(), *view.terminating.values())
+        }
+        owned = self.revisions.by_index(BY_OWNER_UID, uid)
         old = [
             r
             for r in owned
-            if (r["metadata"].get("labels") or {}).get(LABEL_REVISION) not in in_use
+            if (r["metadata"].get("labels") or {}).get(builder.LABEL_REVISION) not in in_use
         ]
         old.sort(key=lambda r: int(r.get("revision") or 0), reverse=True)
-        log.debug(
-            "nodeset %s: revisions owned %d, in use %s, pruning %d",
-            view.key,
-            len(owned),
-            sorted(in_use),
-            max(0, len(old) - view.spec.revision_history_limit),
-        )
         for rev in old[view.spec.revision_history_limit :]:
-            await self.podcontrol.delete_object(rest.CONTROLLER_REVISIONS, rev)
+            await self.ctx.podcontrol.delete_object(rest.CONTROLLER_REVISIONS, rev)
 
     # ------------------------------------------------------------ 2. finished pods
 
     async def replace_finished(self, view: View) -> None:
-        for pod in [p for p in view.active if phase(p) in ("Succeeded", "Failed")]:
-            name = pod["metadata"]["name"]
-            if await self.podcontrol.delete_pod(view.exp_key, pod):
-                self.recorder.event(
+        for pod in [p for p in view.active.values() if pods.phase(p) in ("Succeeded", "Failed")]:
+            if await self.ctx.podcontrol.delete_pod(view.exp_key, pod):
+                self.ctx.recorder.event(
                     view.obj,
                     events.WARNING,
                     "PodFinished",
-                    f"pod {name} ended ({phase(pod)}); replacing it",
+                    f"pod {pods.name(pod)} ended ({pods.phase(pod)}); replacing it",
                 )
-            view.active.remove(pod)
-            view.terminating.append(pod)
+            view.moved(pod)
 
-    # ------------------------------------------------------------ 3. Slurm -> pods
-
-    async def mirror_slurm(self, view: View) -> None:
-        assert view.conn is not None
-        for pod in view.active:
-            node = view.slurm_node(pod)
-            if node is None:
-                continue
-            await self._mirror_conditions(pod, node)
-            protect = "true" if node.state.is_busy else None
-            if (pod["metadata"].get("labels") or {}).get(LABEL_PROTECT) != protect:
-                await self.podcontrol.patch_metadata(pod, labels={LABEL_PROTECT: protect})
-            if (pod.get("spec") or {}).get("nodeName"):
-                await slurmcontrol.set_comment(view.conn, node.name, builder.slurm_comment(pod))
-
-    async def _mirror_conditions(self, pod: JSON, node: Node) -> None:
-        existing = {c["type"]: c for c in (pod.get("status") or {}).get("conditions") or []}
-        now = conditions.now_rfc3339()
-        changed = []
-        for ctype, (on, message) in slurm_conditions(node).items():
-            status = "True" if on else "False"
-            old = existing.get(ctype)
-            if old and old.get("status") == status and (old.get("message") or "") == message:
-                continue
-            ltt = old["lastTransitionTime"] if old and old.get("status") == status else now
-            changed.append(
-                {
-                    "type": ctype,
-                    "status": status,
-                    "lastTransitionTime": ltt,
-                    "reason": f"SlurmNode{ctype.removeprefix('SlurmNodeState')}",
-                    "message": message,
-                }
-            )
-        if changed:
-            await self.podcontrol.patch_conditions(pod, changed)
-
-    # ------------------------------------------------------------ 4. cordons -> Slurm
-
-    def cordon_reason(self, pod: JSON) -> str | None:
-        """The drain reason a cordon asks for, or None."""
-        if scaling.annotation(pod, ANNOTATION_CORDON) == "true":
-            return slurmcontrol.REASON_POD_CORDON
-        node_name = (pod.get("spec") or {}).get("nodeName")
-        node = self.nodes.store.get(node_name) if node_name else None
-        if node and (node.get("spec") or {}).get("unschedulable"):
-            why = (node["metadata"].get("annotations") or {}).get(ANNOTATION_NODE_CORDON_REASON)
-            return f"{REASON_PREFIX}{why or f'Kubernetes node {node_name} cordoned'}"
-        return None
-
-    async def sync_cordon(self, view: View) -> None:
-        assert view.conn is not None
-        for pod in view.active:
-            node = view.slurm_node(pod)
-            if node is None:
-                continue
-            name = node.name
-            reason = self.cordon_reason(pod)
-            if reason and not node.state.is_drain:
-                if await slurmcontrol.drain(view.conn, name, reason):
-                    self.recorder.event(
-                        view.obj, events.NORMAL, "Cordoned", f"Slurm node {name} drained: {reason}"
-                    )
-            elif (
-                not reason
-                and condemned(pod) is None
-                and node.state.is_drain
-                and slurmcontrol.is_operator_reason(node.reason)
-                and await slurmcontrol.undrain(view.conn, name)
-            ):
-                self.recorder.event(
-                    view.obj,
-                    events.NORMAL,
-                    "Undrained",
-                    f"Slurm node {name} undrained (was: {node.reason})",
-                )
-
-    # ------------------------------------------------------------ 5. scale
-
-    async def scale(self, view: View) -> list[float]:
-        want = view.spec.replicas
-        excess = len(view.active) - want
-        condemned_scale_in = [p for p in view.active if condemned(p) == CONDEMNED_SCALE_IN]
-        if excess <= 0:
-            for pod in condemned_scale_in:
-                await self.keep(view, pod)
-            if excess < 0:
-                return await self.scale_out(view, -excess)
-            return []
-        candidates = [
-            scaling.Candidate(p, view.ordinal(p), view.slurm_node(p))
-            for p in view.active
-            if condemned(p) != CONDEMNED_UPDATE
-        ]
-        chosen = scaling.victims(candidates, excess)
-        chosen_names = {c.pod["metadata"]["name"] for c in chosen}
-        for pod in condemned_scale_in:
-            if pod["metadata"]["name"] not in chosen_names:
-                await self.keep(view, pod)
-        requeue = []
-        for c in chosen:
-            if await self.remove_when_drained(
-                view, c.pod, CONDEMNED_SCALE_IN, slurmcontrol.REASON_SCALE_IN
-            ):
-                requeue.append(DRAIN_RECHECK_S)
-        return requeue
+    # ------------------------------------------------------------ 4. scale out
 
     async def scale_out(self, view: View, needed: int) -> list[float]:
-        held_active = {view.ordinal(p) for p in view.active}
-        held_terminating = {view.ordinal(p) for p in view.terminating}
+        if view.conf_problem is not None:
+            return []  # no slurmd without its --conf-server; the status says why
+        held_active = {view.ordinal(p) for p in view.active.values()}
+        held_terminating = {view.ordinal(p) for p in view.terminating.values()}
         ordinals: list[int] = []
         waiting = False
         o = 0
@@ -387,219 +297,93 @@ class NodeSetSync:
                 ordinals.append(o)
                 needed -= 1
             o += 1
-        conf_server = view.conn.controller_addr if view.conn else None
         created = 0
-        for size in scaling.slow_start_batches(len(ordinals)):
+        for size in slow_start_batches(len(ordinals)):
             batch, ordinals = ordinals[:size], ordinals[size:]
-            for ordinal in batch:
-                for pvc in builder.build_pvcs(view.obj, view.spec, ordinal):
-                    await self.podcontrol.create_if_absent(rest.PVCS, pvc)
-            pods = [
-                builder.build_pod(
-                    view.obj, view.spec, ordinal, revision=view.revision, conf_server=conf_server
-                )
-                for ordinal in batch
-            ]
-            for pod in pods:
-                if await self.podcontrol.create_pod(view.exp_key, pod):
-                    created += 1
-                    self.recorder.event(
-                        view.obj, events.NORMAL, "Created", f"created pod {pod['metadata']['name']}"
-                    )
+            results = await scalein.bounded(
+                [functools.partial(self.create_one, view, o) for o in batch],
+                min(size, CREATES_IN_FLIGHT),
+            )
+            created += sum(results)
+            if not all(results):
+                break  # like slowStartBatch: a failed batch stops the scale-out
         if created:
             log.info("nodeset %s: created %d pods", view.key, created)
-        return [2.0] if waiting else []
+        return [WAITING_FOR_TERMINATING_S] if waiting else []
 
-    async def keep(self, view: View, pod: JSON) -> None:
-        """A condemned pod is wanted again: undrain (unless cordoned) and un-condemn."""
-        name = pod["metadata"]["name"]
-        await self.podcontrol.patch_metadata(pod, annotations={ANNOTATION_CONDEMNED: None})
-        if (
-            view.conn is not None
-            and self.cordon_reason(pod) is None
-            and await slurmcontrol.undrain(view.conn, name)
-        ):
-            self.recorder.event(
-                view.obj,
-                events.NORMAL,
-                "Undrained",
-                f"Slurm node {name} kept and undrained: replicas went up",
-            )
-
-    async def remove_when_drained(self, view: View, pod: JSON, why: str, reason: str) -> bool:
-        """Condemn, drain, and delete once drained. Returns True while still waiting."""
-        name = pod["metadata"]["name"]
-        if condemned(pod) != why:
-            await self.podcontrol.patch_metadata(pod, annotations={ANNOTATION_CONDEMNED: why})
-        scheduled = bool((pod.get("spec") or {}).get("nodeName"))
-        if scheduled:  # an unscheduled pod never ran a slurmd: nothing to drain
-            if view.conn is None:
-                return True  # cannot ask Slurm: keep the pod (fail closed)
-            if await slurmcontrol.drain(view.conn, name, reason):
-                self.recorder.event(
-                    view.obj, events.NORMAL, "Draining", f"draining Slurm node {name} ({reason})"
-                )
-            if not await slurmcontrol.is_drained(view.conn, name):
-                return True
-        if await self.podcontrol.delete_pod(view.exp_key, pod):
-            because = "Slurm node drained" if scheduled else "never scheduled"
-            self.recorder.event(
-                view.obj, events.NORMAL, "Deleted", f"deleted pod {name}: {because} ({why})"
-            )
-            log.info("nodeset %s: deleted pod %s (%s, %s)", view.key, name, because, why)
-        if why == CONDEMNED_SCALE_IN:
-            await self.delete_scaled_pvcs(view, name)
-        view.active.remove(pod)
-        view.terminating.append(pod)
-        return False
-
-    async def delete_scaled_pvcs(self, view: View, pod_name: str) -> None:
-        """persistentVolumeClaimRetentionPolicy.whenScaled: Delete."""
-        if view.spec.persistent_volume_claim_retention_policy.when_scaled != "Delete":
-            return
-        for claim in view.spec.volume_claim_templates or []:
-            cname = (claim.get("metadata") or {}).get("name")
-            if cname:
-                pvc = {
-                    "metadata": {
-                        "name": f"{cname}-{pod_name}",
-                        "namespace": view.obj["metadata"]["namespace"],
-                    }
-                }
-                await self.podcontrol.delete_object(rest.PVCS, pvc)
-
-    # ------------------------------------------------------------ 6. rolling update
-
-    def available(self, view: View, pod: JSON, now: dt.datetime) -> bool:
-        since = ready_since(pod)
-        if since is None or condemned(pod) is not None:
+    async def create_one(self, view: View, ordinal: int) -> bool:
+        for pvc in builder.build_pvcs(view.obj, view.spec, ordinal):
+            await self.ctx.podcontrol.create_if_absent(rest.PVCS, pvc)
+        pod = builder.build_pod(
+            view.obj, view.spec, ordinal, revision=view.revision, conf_server=view.conf_server
+        )
+        if not await self.ctx.podcontrol.create_pod(view.exp_key, pod):
             return False
-        return (now - since).total_seconds() >= view.spec.min_ready_seconds
-
-    async def rolling_update(self, view: View) -> list[float]:
-        strategy = view.spec.update_strategy
-        if strategy.type != "RollingUpdate" or len(view.active) > view.spec.replicas:
-            return []
-        ru = strategy.rolling_update
-        partition = ru.partition if ru else 0
-        now = dt.datetime.now(dt.UTC)
-        requeue: list[float] = []
-        for pod in [p for p in view.active if condemned(p) == CONDEMNED_UPDATE]:
-            if await self.remove_when_drained(
-                view, pod, CONDEMNED_UPDATE, slurmcontrol.REASON_UPDATE
-            ):
-                requeue.append(DRAIN_RECHECK_S)
-        old = [
-            p
-            for p in view.active
-            if revision_of(p) != view.revision
-            and view.ordinal(p) >= partition
-            and condemned(p) is None
-        ]
-        if not old:
-            return requeue
-        available = sum(1 for p in view.active if self.available(view, p, now))
-        allowed = max_unavailable(ru, view.spec.replicas) - max(0, view.spec.replicas - available)
-        order = scaling.victims(
-            [scaling.Candidate(p, view.ordinal(p), view.slurm_node(p)) for p in old], len(old)
+        self.ctx.recorder.event(
+            view.obj, events.NORMAL, "Created", f"created pod {pod['metadata']['name']}"
         )
-        for c in order:
-            counts = self.available(view, c.pod, now)
-            if counts and allowed <= 0:
-                break
-            if counts:
-                allowed -= 1
-            if await self.remove_when_drained(
-                view, c.pod, CONDEMNED_UPDATE, slurmcontrol.REASON_UPDATE
-            ):
-                requeue.append(DRAIN_RECHECK_S)
-        return requeue
+        return True
 
-    # ------------------------------------------------------------ 7. status
+    # ------------------------------------------------------------ deletion
 
-    async def write_status(self, view: View) -> list[float]:
-        now = dt.datetime.now(dt.UTC)
-        active = view.active
-        ready = [p for p in active if ready_since(p) is not None]
-        available = [p for p in active if self.available(view, p, now)]
-        updated = [p for p in active if revision_of(p) == view.revision]
-        old_status = view.obj.get("status") or {}
-        current = old_status.get("currentRevision") or view.revision
-        if len(updated) == len(active) == view.spec.replicas:
-            current = view.revision
-        idle = alloc = down = drain = 0
-        for p in active:
-            node = view.slurm_node(p)
-            if node is None:
+    async def finalize(self, view: View) -> Result:
+        """Every pod leaves through the drain-before-delete path; then the finalizer goes.
+        The annotation `delete-without-drain: "true"` skips the wait (jobs are killed)."""
+        if (view.obj["metadata"].get("annotations") or {}).get(ANNOTATION_SKIP_DRAIN) == "true":
+            self.ctx.recorder.event(
+                view.obj,
+                events.WARNING,
+                "DeletedWithoutDrain",
+                f"{ANNOTATION_SKIP_DRAIN}=true: pods are deleted now, running jobs are lost",
+            )
+            await objects.remove_finalizer(self.ctx.kube, NODESETS, view.obj, FINALIZER)
+            return DONE
+        waiting = await scalein.finalize(self.ctx, view)
+        if not waiting and not await self.partitions.delete(self.ctx, view):
+            message = (
+                f"every pod is gone; Slurm partition {partition.partition_name(view)} could "
+                "not be deleted yet (Slurm refuses while jobs are queued in it: cancel them, "
+                f'or annotate {ANNOTATION_SKIP_DRAIN}="true" to leave the partition behind)'
+            )
+            await status.write_status(self.ctx, view, deleting_message=message)
+            return Result(requeue_after=partition.RETRY_S)
+        if not waiting:
+            await objects.remove_finalizer(self.ctx.kube, NODESETS, view.obj, FINALIZER)
+            log.info("nodeset %s: every pod drained and deleted; finalizer removed", view.key)
+            return DONE
+        message = await self.waiting_message(view, waiting)
+        await status.write_status(self.ctx, view, deleting_message=message)
+        return Result(requeue_after=scalein.DRAIN_RECHECK_S)
+
+    async def waiting_message(self, view: View, waiting: dict[str, scalein.Drained]) -> str:
+        """ "2 pods wait: cpu-0 (jobs 12, 13), cpu-1 (cannot ask Slurm)"."""
+        jobs = await self.jobs_on(view.conn, set(waiting)) if view.conn else {}
+        parts = []
+        for name in sorted(waiting):
+            ids = jobs.get(name)
+            why = f"jobs {', '.join(map(str, sorted(ids)))}" if ids else waiting[name].value
+            parts.append(f"{name} ({why})")
+        return (
+            f"{len(waiting)} pods wait to be drained before deletion: {'; '.join(parts)}. "
+            "To delete now and kill their jobs: annotate the NodeSet "
+            f'{ANNOTATION_SKIP_DRAIN}="true"'
+        )
+
+    @staticmethod
+    async def jobs_on(conn: Connection | None, names: set[str]) -> dict[str, set[int]]:
+        """Running jobs by node, for the names given (one job list, only while a deletion
+        waits)."""
+        if conn is None:
+            return {}
+        try:
+            jobs, _ = await conn.client.list_jobs()
+        except errors.SlurmError:
+            return {}
+        out: dict[str, set[int]] = {}
+        for job in jobs or []:
+            if job.is_finished or job.is_pending:
                 continue
-            state = node.state
-            idle += state.base == "IDLE" and not state.is_drain
-            alloc += state.base in ("ALLOCATED", "MIXED")
-            down += state.base == "DOWN"
-            drain += state.is_drain
-        if view.conn is None:
-            conn_state = (
-                False,
-                "ClusterNotConnected",
-                f"Cluster {view.spec.cluster_name} has no live Slurm connection; "
-                "scale-in and updates wait (nothing is deleted without Slurm's word)",
-            )
-        elif view.conn.informer.stale:
-            conn_state = (
-                False,
-                "SlurmStale",
-                f"Slurm state is stale: {view.conn.informer.last_error}",
-            )
-        else:
-            conn_state = (True, "Connected", f"Slurm nodes of Cluster {view.spec.cluster_name}")
-        conds, _ = conditions.set_condition(
-            old_status.get("conditions"),
-            "SlurmConnected",
-            conn_state[0],
-            reason=conn_state[1],
-            message=conn_state[2],
-            observed_generation=view.obj["metadata"].get("generation"),
-        )
-        status: JSON = {
-            "replicas": len(active),
-            "readyReplicas": len(ready),
-            "availableReplicas": len(available),
-            "updatedReplicas": len(updated),
-            "currentReplicas": sum(1 for p in active if revision_of(p) == current),
-            "currentRevision": current,
-            "updateRevision": view.revision,
-            "collisionCount": 0,
-            "observedGeneration": view.obj["metadata"].get("generation"),
-            "selector": builder.selector_string(view.spec.selector),
-            "slurmIdle": idle,
-            "slurmAllocated": alloc,
-            "slurmDown": down,
-            "slurmDrain": drain,
-            "conditions": conds,
-        }
-        if any(old_status.get(k) != v for k, v in status.items()):
-            try:
-                await objects.patch_status(self.kube, NODESETS, view.obj, status)
-            except rest.ApiError as e:
-                if not e.not_found:
-                    raise
-        pending_ready = [
-            view.spec.min_ready_seconds - (now - s).total_seconds()
-            for p in ready
-            if (s := ready_since(p)) is not None and p not in available
-        ]
-        return [max(0.5, min(pending_ready))] if pending_ready else []
-
-    async def write_condition_only(self, obj: JSON, reason: str, message: str) -> None:
-        old = obj.get("status") or {}
-        conds, changed = conditions.set_condition(
-            old.get("conditions"),
-            "SlurmConnected",
-            False,
-            reason=reason,
-            message=message,
-            observed_generation=obj["metadata"].get("generation"),
-        )
-        if changed:
-            await objects.patch_status(self.kube, NODESETS, obj, {"conditions": conds})
-            self.recorder.event(obj, events.WARNING, reason, message)
+            for node in expand_hostlist(job.nodes):
+                if node in names:
+                    out.setdefault(node, set()).add(job.job_id)
+        return out

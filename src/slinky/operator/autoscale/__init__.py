@@ -1,0 +1,1 @@
+"""Autoscaling from Slurm: gauges and the external metrics API."""

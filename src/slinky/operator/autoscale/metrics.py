@@ -1,0 +1,208 @@
+"""Autoscaling gauges computed from the operator's Slurm informers.
+
+Values come from the informer caches (nodes, jobs and partitions, kept by `update_time`
+deltas), never from a request to Slurm per scrape: one pass over a cluster's cached jobs is
+made once per informer poll and reused until the next poll.
+
+Names follow slurmctld's own openmetrics (`MetricsType=metrics/openmetrics`) so a user can
+point the same HPA/KEDA rule at either source:
+
+- `slurm_partition_jobs_pending{partition}`: pending jobs that wait for resources;
+- `slurm_partition_jobs_pending_nodes{partition}`: the nodes those jobs ask for (a job's
+  minimum node count, at least 1), so an HPA can target nodes instead of jobs;
+- `slurm_partition_nodes_idle{partition}`: nodes of the partition that are IDLE and not
+  draining;
+- `slurm_nodeset_jobs_pending`, `…_jobs_pending_nodes`, `…_nodes_idle{namespace,nodeset}`:
+  the same for a NodeSet: its partition is the one named after it, its nodes are the Slurm
+  nodes of its pods.
+
+A pending job counts unless nothing a new node could change makes it run: held by the user or
+an admin (`JobHeldUser`, `JobHeldAdmin`), waiting on another job (`Dependency`,
+`DependencyNeverSatisfied`) or on its begin time (`BeginTime`). Every other reason counts,
+in particular `PartitionConfig` (the partition has no nodes: scale from zero), `Resources`,
+`Priority` and `Nodes_required_for_job_are_DOWN,_DRAINED…`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from slinky.operator.clients import ClusterClients
+from slinky.slurm.informer import SlurmInformer
+from slinky.slurm.models import Job, Node, csv
+
+JSON = dict[str, Any]
+
+UNCOUNTED_REASONS = frozenset(
+    {"JobHeldUser", "JobHeldAdmin", "Dependency", "DependencyNeverSatisfied", "BeginTime"}
+)
+
+PARTITION_METRICS = (
+    "slurm_partition_jobs_pending",
+    "slurm_partition_jobs_pending_nodes",
+    "slurm_partition_nodes_idle",
+)
+NODESET_METRICS = (
+    "slurm_nodeset_jobs_pending",
+    "slurm_nodeset_jobs_pending_nodes",
+    "slurm_nodeset_nodes_idle",
+)
+HELP = {
+    "jobs_pending": "Pending jobs that wait for resources (held or dependent jobs excluded)",
+    "jobs_pending_nodes": "Nodes asked for by the pending jobs counted in jobs_pending",
+    "nodes_idle": "Nodes that are IDLE and not draining",
+}
+
+
+def counts(job: Job) -> bool:
+    """Whether a pending job is demand that more nodes could serve."""
+    return job.is_pending and job.state_reason not in UNCOUNTED_REASONS
+
+
+@dataclass
+class PartitionStats:
+    jobs_pending: int = 0
+    jobs_pending_nodes: int = 0
+    nodes_idle: int = 0
+
+    def value(self, metric: str) -> int:
+        """`metric` is any name ending in one of the three field names."""
+        for name in ("jobs_pending_nodes", "jobs_pending", "nodes_idle"):
+            if metric.endswith(name):
+                return int(getattr(self, name))
+        raise KeyError(metric)
+
+
+@dataclass
+class ClusterStats:
+    """One pass over one cluster's cache."""
+
+    polls: int
+    partitions: dict[str, PartitionStats] = field(default_factory=dict)
+    # Idle nodes by (namespace, nodeset), from the Slurm node's identity comment/feature.
+    nodeset_idle: dict[tuple[str, str], int] = field(default_factory=dict)
+
+
+def _idle(node: Node) -> bool:
+    return node.state.base == "IDLE" and not node.state.is_drain
+
+
+def nodeset_of(node: Node) -> tuple[str, str] | None:
+    """(namespace, nodeset) of an operator-made Slurm node: the namespace from the node's
+    identity comment, the NodeSet from its feature (slurmd runs with Features=<nodeset>)."""
+    try:
+        ident = json.loads(node.comment) if node.comment else None
+    except ValueError:
+        return None
+    if not isinstance(ident, dict):
+        return None
+    namespace, pod = ident.get("namespace"), ident.get("podName")
+    if not isinstance(namespace, str) or not isinstance(pod, str):
+        return None
+    for feature in node.features:
+        if pod.startswith(f"{feature}-") and pod[len(feature) + 1 :].isdigit():
+            return (namespace, feature)
+    return None
+
+
+def compute(informer: SlurmInformer) -> ClusterStats:
+    stats = ClusterStats(polls=informer.polls)
+    parts = stats.partitions
+    for name in informer.partitions:
+        parts[name] = PartitionStats()
+    for job in informer.jobs.values():
+        if not counts(job):
+            continue
+        for name in csv(job.partition):
+            p = parts.setdefault(name, PartitionStats())
+            p.jobs_pending += 1
+            p.jobs_pending_nodes += max(1, job.node_count or 1)
+    for node in informer.nodes.values():
+        if not _idle(node):
+            continue
+        for name in node.partitions:
+            parts.setdefault(name, PartitionStats()).nodes_idle += 1
+        owner = nodeset_of(node)
+        if owner is not None:
+            stats.nodeset_idle[owner] = stats.nodeset_idle.get(owner, 0) + 1
+    return stats
+
+
+class SlurmMetrics:
+    """Cached stats per cluster, recomputed only after the cluster's informer polled."""
+
+    def __init__(self, clients: ClusterClients) -> None:
+        self.clients = clients
+        self._cache: dict[str, tuple[int, ClusterStats]] = {}
+        self.computations = 0
+
+    def cluster(self, cluster_key: str) -> ClusterStats | None:
+        conn = self.clients.get(cluster_key)
+        if conn is None or not conn.informer.has_synced:
+            return None
+        informer = conn.informer
+        cached = self._cache.get(cluster_key)
+        if cached is not None and cached[0] == id(informer) and cached[1].polls == informer.polls:
+            return cached[1]
+        stats = compute(informer)
+        self.computations += 1
+        self._cache[cluster_key] = (id(informer), stats)
+        return stats
+
+    def clusters(self) -> Iterator[tuple[str, ClusterStats]]:
+        for key in self.clients.keys():
+            stats = self.cluster(key)
+            if stats is not None:
+                yield key, stats
+
+
+NodeSetLister = Callable[[], Iterable[JSON]]
+
+
+class Gauges(Collector):
+    """The gauges on the operator's `/metrics`, read from `SlurmMetrics` at scrape time."""
+
+    def __init__(self, metrics: SlurmMetrics, nodesets: NodeSetLister) -> None:
+        self.metrics = metrics
+        self.nodesets = nodesets
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        part = {
+            m: GaugeMetricFamily(
+                m, HELP[m.removeprefix("slurm_partition_")], labels=["cluster", "partition"]
+            )
+            for m in PARTITION_METRICS
+        }
+        nset = {
+            m: GaugeMetricFamily(
+                m, HELP[m.removeprefix("slurm_nodeset_")], labels=["namespace", "nodeset"]
+            )
+            for m in NODESET_METRICS
+        }
+        by_cluster = dict(self.metrics.clusters())
+        for key, stats in by_cluster.items():
+            for name, p in stats.partitions.items():
+                for m, fam in part.items():
+                    fam.add_metric([key, name], p.value(m))
+        for obj in self.nodesets():
+            ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
+            cluster = (obj.get("spec") or {}).get("clusterName")
+            found = by_cluster.get(f"{ns}/{cluster}")
+            if found is None:
+                continue
+            for m, fam in nset.items():
+                fam.add_metric([ns, name], nodeset_value(found, ns, name, m))
+        yield from part.values()
+        yield from nset.values()
+
+
+def nodeset_value(stats: ClusterStats, namespace: str, nodeset: str, metric: str) -> int:
+    if metric.endswith("nodes_idle"):
+        return stats.nodeset_idle.get((namespace, nodeset), 0)
+    return stats.partitions.get(nodeset, PartitionStats()).value(metric)

@@ -1,0 +1,160 @@
+"""State both ways between pods and Slurm nodes.
+
+Slurm -> pods: each pod gets `SlurmNodeState*` conditions mirroring its Slurm node, the
+`pod-protect` label while jobs run (the PodDisruptionBudget selects it), and its identity
+goes into the Slurm node's comment.
+
+Kubernetes -> Slurm: a `pod-cordon` annotation or a cordoned Kubernetes node drains the Slurm
+node; lifting it undrains, but only drains the operator made.
+
+Both run only while the Slurm view is synced, and never touch a Slurm node whose comment
+names another pod.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from slinky.kube import conditions, events
+from slinky.operator.nodeset import pods, slurmcontrol
+from slinky.operator.nodeset.builder import (
+    ANNOTATION_CORDON,
+    ANNOTATION_NODE_CORDON_REASON,
+    LABEL_PROTECT,
+    REASON_PREFIX,
+    slurm_comment,
+)
+from slinky.operator.nodeset.view import Context, View
+from slinky.slurm.models import Node
+
+JSON = dict[str, Any]
+# How long after a pod became Ready its Slurm node is waited for with fast polls (so its
+# comment and state show up at once); a slurmd that never registers (kwok, a broken image)
+# does not keep the informer polling fast.
+REGISTRATION_WINDOW_S = 60.0
+SLURM_CONDITIONS = (
+    "Idle",
+    "Allocated",
+    "Mixed",
+    "Down",
+    "Drain",
+    "Completing",
+    "NotResponding",
+    "Fail",
+)
+
+
+def slurm_conditions(node: Node) -> dict[str, tuple[bool, str]]:
+    """Pod condition type -> (status, message) for a Slurm node state."""
+    s = node.state
+    flags = {
+        "Idle": s.base == "IDLE",
+        "Allocated": s.base == "ALLOCATED",
+        "Mixed": s.base == "MIXED",
+        "Down": s.base == "DOWN",
+        "Drain": s.is_drain,
+        "Completing": s.has("COMPLETING"),
+        "NotResponding": s.has("NOT_RESPONDING"),
+        "Fail": s.has("FAIL"),
+    }
+    out = {}
+    for name in SLURM_CONDITIONS:
+        on = flags[name]
+        message = node.reason if on and name in ("Down", "Drain", "Fail") else ""
+        out[f"SlurmNodeState{name}"] = (on, message)
+    return out
+
+
+def changed_conditions(pod: JSON, node: Node) -> list[JSON]:
+    existing = {c["type"]: c for c in (pod.get("status") or {}).get("conditions") or []}
+    now = conditions.now_rfc3339()
+    changed = []
+    for ctype, (on, message) in slurm_conditions(node).items():
+        status = "True" if on else "False"
+        old = existing.get(ctype)
+        if old and old.get("status") == status and (old.get("message") or "") == message:
+            continue
+        ltt = old["lastTransitionTime"] if old and old.get("status") == status else now
+        changed.append(
+            {
+                "type": ctype,
+                "status": status,
+                "lastTransitionTime": ltt,
+                "reason": f"SlurmNode{ctype.removeprefix('SlurmNodeState')}",
+                "message": message,
+            }
+        )
+    return changed
+
+
+async def mirror_slurm(ctx: Context, view: View) -> None:
+    assert view.conn is not None
+    for pod in view.active.values():
+        node = view.slurm_node(pod)
+        if node is None:
+            continue
+        if changed := changed_conditions(pod, node):
+            await ctx.podcontrol.patch_conditions(pod, changed)
+        protect = "true" if node.state.is_busy else None
+        if pods.label(pod, LABEL_PROTECT) != protect:
+            await ctx.podcontrol.patch_metadata(pod, labels={LABEL_PROTECT: protect})
+        if pods.node_name(pod):
+            await slurmcontrol.set_comment(view.conn, node, slurm_comment(pod))
+
+
+def registering(view: View) -> bool:
+    """A pod Ready for less than REGISTRATION_WINDOW_S whose Slurm node is not known yet."""
+    if view.conn is None:
+        return False
+    now = dt.datetime.now(dt.UTC)
+    nodes = view.conn.informer.nodes
+    for pod in view.active.values():
+        since = pods.ready_since(pod)
+        if (
+            since is not None
+            and (now - since).total_seconds() < REGISTRATION_WINDOW_S
+            and pods.name(pod) not in nodes
+        ):
+            return True
+    return False
+
+
+def cordon_reason(ctx: Context, pod: JSON) -> str | None:
+    """The drain reason a cordon asks for, or None."""
+    if pods.annotation(pod, ANNOTATION_CORDON) == "true":
+        return slurmcontrol.REASON_POD_CORDON
+    node_name = pods.node_name(pod)
+    node = ctx.nodes.store.get(node_name) if node_name else None
+    if node and (node.get("spec") or {}).get("unschedulable"):
+        why = (node["metadata"].get("annotations") or {}).get(ANNOTATION_NODE_CORDON_REASON)
+        return f"{REASON_PREFIX}{why or f'Kubernetes node {node_name} cordoned'}"
+    return None
+
+
+async def sync_cordon(ctx: Context, view: View) -> None:
+    assert view.conn is not None
+    for pod in view.active.values():
+        node = view.slurm_node(pod)
+        if node is None:
+            continue
+        name = node.name
+        reason = cordon_reason(ctx, pod)
+        if reason and not node.state.is_drain:
+            if await slurmcontrol.drain(view.conn, name, reason, namespace=view.namespace):
+                ctx.recorder.event(
+                    view.obj, events.NORMAL, "Cordoned", f"Slurm node {name} drained: {reason}"
+                )
+        elif (
+            not reason
+            and pods.condemned(pod) is None
+            and node.state.is_drain
+            and slurmcontrol.is_operator_reason(node.reason)
+            and await slurmcontrol.undrain(view.conn, name, namespace=view.namespace)
+        ):
+            ctx.recorder.event(
+                view.obj,
+                events.NORMAL,
+                "Undrained",
+                f"Slurm node {name} undrained (was: {node.reason})",
+            )

@@ -1,0 +1,340 @@
+"""The scale-in rule, top to bottom: which pods go, how they are drained, the fail-closed
+question "is this Slurm node drained?", and the deletion.
+
+1. Victims (`victims`): most disposable first — pods already condemned (so a scale-in never
+   drains more nodes than it removes), then not yet scheduled, not ready, Slurm node IDLE
+   before busy, lower `pod-deletion-cost`, earlier `pod-deadline`, cordoned, higher ordinal.
+   Nothing is condemned while the Slurm view of the Cluster is not synced: the order depends
+   on which nodes are busy.
+2. Drain: the Slurm node is set DRAIN with a reason starting `slurm-operator: `.
+3. Condemn: a pod that has to wait gets the `condemned` annotation saying why, so a restart
+   of the operator resumes the same removal instead of choosing new victims.
+4. Drained? (`check_drained`): the cache only says when to ask; the authoritative
+   `GET /node` is made only for a node the cache already shows drained or absent (one full
+   `GET /nodes` instead when many pods go in one pass). Only a
+   definite answer counts: DRAIN with no job ALLOCATED, MIXED or COMPLETING, or "no such node"
+   (200 without the node, or Slurm's invalid-node error). Anything else — a bare HTTP 404,
+   5xx, a refused token, a connection error, an informer that has not synced — is "not
+   drained", and the pod stays.
+5. Delete: with the pod's UID as precondition, then (whenScaled: Delete) its PVCs.
+
+The same path removes pods for a rolling update (`update.py`) and when the NodeSet itself is
+deleted (`finalize`: every pod, reason `slurm-operator: nodeset deleted`, before the
+finalizer goes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import enum
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from slinky.kube import events, rest
+from slinky.operator.clients import Connection
+from slinky.operator.nodeset import pods, slurmcontrol
+from slinky.operator.nodeset.builder import (
+    ANNOTATION_CONDEMNED,
+    ANNOTATION_CORDON,
+    ANNOTATION_DEADLINE,
+    ANNOTATION_DELETION_COST,
+)
+from slinky.operator.nodeset.view import Context, View, belongs_to
+from slinky.slurm import errors
+from slinky.slurm.models import Node
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+T = TypeVar("T")
+
+CONDEMNED_SCALE_IN = "scale-in"
+CONDEMNED_UPDATE = "update"
+CONDEMNED_DELETED = "nodeset deleted"
+DRAIN_RECHECK_S = 15.0  # backstop; a Slurm event normally wakes the NodeSet first
+FRESH_VIEW_S = 0.5  # backstop while waiting for a fast poll; its events normally come first
+SLURM_CALLS_IN_FLIGHT = 16  # per reconcile: concurrent drains / drained checks
+LIST_INSTEAD_OF_GETS = 32  # above this many authoritative reads in one pass, list once
+FAR_FUTURE = dt.datetime.max.replace(tzinfo=dt.UTC)
+
+
+# ------------------------------------------------------------ 1. victims
+
+
+def deletion_cost(pod: JSON) -> int:
+    try:
+        return int(pods.annotation(pod, ANNOTATION_DELETION_COST) or 0)
+    except ValueError:
+        return 0
+
+
+def deadline(pod: JSON) -> dt.datetime:
+    raw = pods.annotation(pod, ANNOTATION_DEADLINE)
+    if not raw:
+        return FAR_FUTURE
+    try:
+        parsed = dt.datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        return FAR_FUTURE
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    pod: JSON
+    ordinal: int
+    node: Node | None
+
+    def sort_key(self) -> tuple[Any, ...]:
+        pod = self.pod
+        busy = self.node is not None and self.node.state.is_busy
+        return (
+            pods.condemned(pod) is None,  # condemned first
+            pods.node_name(pod) is not None,
+            pods.is_ready(pod),
+            busy,
+            deletion_cost(pod),
+            deadline(pod),
+            pods.annotation(pod, ANNOTATION_CORDON) != "true",
+            -self.ordinal,
+        )
+
+
+def victims(candidates: list[Candidate], count: int) -> list[Candidate]:
+    """The `count` pods to remove, most disposable first."""
+    if count <= 0:
+        return []
+    return sorted(candidates, key=Candidate.sort_key)[:count]
+
+
+def candidates(view: View, pod_list: Iterable[JSON]) -> list[Candidate]:
+    return [Candidate(p, view.ordinal(p), view.slurm_node(p)) for p in pod_list]
+
+
+# ------------------------------------------------------------ 4. drained?
+
+
+class Drained(enum.Enum):
+    """The answer to "may this pod go?". Only DRAINED and ABSENT say yes."""
+
+    DRAINED = "drained"
+    ABSENT = "no such Slurm node"
+    BUSY = "jobs still run"
+    NOT_DRAIN = "not drained"
+    FOREIGN = "Slurm node belongs to another pod"
+    UNKNOWN = "cannot ask Slurm"
+
+    @property
+    def safe(self) -> bool:
+        return self in (Drained.DRAINED, Drained.ABSENT)
+
+
+Snapshot = dict[str, Node]
+
+
+async def check_drained(
+    conn: Connection | None, name: str, *, namespace: str, snapshot: Snapshot | None = None
+) -> Drained:
+    """Authoritative, fail-closed check made right before deleting pod `name`. `snapshot`:
+    slurmctld's full node list fetched for this pass (one request instead of one per node
+    when many pods go at once); without it the node is read with `GET /node/<name>`."""
+    if conn is None or conn.informer.stale or not conn.informer.has_synced:
+        return Drained.UNKNOWN
+    cached = conn.informer.nodes.get(name)
+    if cached is not None and not cached.state.is_drained:
+        # The cache is enough to say "wait"; only a "yes" needs Slurm's word.
+        return Drained.BUSY if cached.state.is_drain else Drained.NOT_DRAIN
+    if snapshot is not None:
+        listed = snapshot.get(name)
+        if listed is None:
+            return Drained.ABSENT
+        node = listed
+    else:
+        try:
+            node = await conn.client.get_node(name)
+        except errors.SlurmNotFound:
+            return Drained.ABSENT
+        except errors.SlurmError as e:
+            log.info("node %s: cannot check drain state (%s); treating as not drained", name, e)
+            return Drained.UNKNOWN
+    if not belongs_to(node, namespace, name):
+        return Drained.FOREIGN
+    if node.state.is_drained:
+        return Drained.DRAINED
+    return Drained.BUSY if node.state.is_drain else Drained.NOT_DRAIN
+
+
+# ------------------------------------------------------------ 2-5. condemn, drain, delete
+
+
+async def remove_when_drained(
+    ctx: Context,
+    view: View,
+    pod: JSON,
+    why: str,
+    reason: str,
+    *,
+    snapshot: Snapshot | None = None,
+) -> Drained:
+    """Condemn, drain, and delete once drained. Returns the drained verdict: unless `safe`,
+    the pod is still there and the caller waits."""
+    name = pods.name(pod)
+    scheduled = pods.node_name(pod) is not None
+    verdict = Drained.ABSENT  # an unscheduled pod never ran a slurmd: nothing to drain
+    if scheduled:
+        verdict = await drain_and_check(ctx, view, pod, reason, snapshot)
+    if not verdict.safe:
+        # Condemned: a restarted operator resumes this removal instead of choosing anew.
+        if pods.condemned(pod) != why:
+            await ctx.podcontrol.patch_metadata(pod, annotations={ANNOTATION_CONDEMNED: why})
+        return verdict
+    if await ctx.podcontrol.delete_pod(view.exp_key, pod):
+        because = "Slurm node drained" if scheduled else "never scheduled"
+        ctx.recorder.event(
+            view.obj, events.NORMAL, "Deleted", f"deleted pod {name}: {because} ({why})"
+        )
+        log.info("nodeset %s: deleted pod %s (%s, %s)", view.key, name, because, why)
+    if why == CONDEMNED_SCALE_IN:
+        await delete_scaled_pvcs(ctx, view, name)
+    view.moved(pod)
+    return verdict
+
+
+async def drain_and_check(
+    ctx: Context, view: View, pod: JSON, reason: str, snapshot: Snapshot | None
+) -> Drained:
+    name = pods.name(pod)
+    if not view.slurm_ready or view.conn is None:
+        return Drained.UNKNOWN  # cannot ask Slurm: keep the pod (fail closed)
+    if view.foreign(pod):
+        return Drained.FOREIGN
+    if await slurmcontrol.drain(view.conn, name, reason, namespace=view.namespace):
+        ctx.recorder.event(
+            view.obj, events.NORMAL, "Draining", f"draining Slurm node {name} ({reason})"
+        )
+    return await check_drained(view.conn, name, namespace=view.namespace, snapshot=snapshot)
+
+
+async def snapshot_for(view: View, pod_list: list[JSON]) -> Snapshot | None:
+    """One full node list when more than LIST_INSTEAD_OF_GETS pods need Slurm's word
+    (their cache shows the node drained or absent); None (per-node reads) otherwise or when
+    the list fails."""
+    if view.conn is None or not view.slurm_ready:
+        return None
+    nodes = view.conn.informer.nodes
+    asking = 0
+    for pod in pod_list:
+        cached = nodes.get(pods.name(pod))
+        asking += pods.node_name(pod) is not None and (cached is None or cached.state.is_drained)
+    if asking <= LIST_INSTEAD_OF_GETS:
+        return None
+    try:
+        listed, _ = await view.conn.client.list_nodes()
+    except errors.SlurmError as e:
+        log.info("nodeset %s: cannot list Slurm nodes (%s); asking node by node", view.key, e)
+        return None
+    return {n.name: n for n in listed or []}
+
+
+async def remove_all(
+    ctx: Context, view: View, pod_list: list[JSON], why: str, reason: str
+) -> dict[str, Drained]:
+    """`remove_when_drained` for several pods, concurrently and bounded. Returns the verdicts
+    of the pods that still wait, by pod name."""
+    snapshot = await snapshot_for(view, pod_list)
+    results = await bounded(
+        [
+            functools.partial(remove_when_drained, ctx, view, p, why, reason, snapshot=snapshot)
+            for p in pod_list
+        ],
+        SLURM_CALLS_IN_FLIGHT,
+    )
+    waiting = {pods.name(p): v for p, v in zip(pod_list, results, strict=True) if not v.safe}
+    if waiting:
+        view.waits.append(f"{len(waiting)} pods wait to be drained ({why})")
+    return waiting
+
+
+async def bounded(calls: list[Callable[[], Awaitable[T]]], limit: int) -> list[T]:
+    """Run the calls concurrently, at most `limit` at a time, results in order."""
+    gate = asyncio.Semaphore(limit)
+
+    async def one(call: Callable[[], Awaitable[T]]) -> T:
+        async with gate:
+            return await call()
+
+    return list(await asyncio.gather(*(one(c) for c in calls)))
+
+
+async def keep(ctx: Context, view: View, pod: JSON, *, cordon_reason: str | None) -> None:
+    """A condemned pod is wanted again: undrain (unless cordoned) and un-condemn."""
+    name = pods.name(pod)
+    await ctx.podcontrol.patch_metadata(pod, annotations={ANNOTATION_CONDEMNED: None})
+    if (
+        view.conn is not None
+        and cordon_reason is None
+        and await slurmcontrol.undrain(view.conn, name, namespace=view.namespace)
+    ):
+        ctx.recorder.event(
+            view.obj,
+            events.NORMAL,
+            "Undrained",
+            f"Slurm node {name} kept and undrained: replicas went up",
+        )
+
+
+async def delete_scaled_pvcs(ctx: Context, view: View, pod_name: str) -> None:
+    """persistentVolumeClaimRetentionPolicy.whenScaled: Delete."""
+    if view.spec.persistent_volume_claim_retention_policy.when_scaled != "Delete":
+        return
+    for claim in view.spec.volume_claim_templates or []:
+        cname = (claim.get("metadata") or {}).get("name")
+        if cname:
+            pvc = {"metadata": {"name": f"{cname}-{pod_name}", "namespace": view.namespace}}
+            await ctx.podcontrol.delete_object(rest.PVCS, pvc)
+
+
+# ------------------------------------------------------------ the step
+
+
+async def scale_in(
+    ctx: Context, view: View, excess: int, cordon_reason: Callable[[JSON], str | None]
+) -> list[float]:
+    """Remove `excess` pods (or keep condemned ones when replicas went back up)."""
+    condemned_now = [p for p in view.active.values() if pods.condemned(p) == CONDEMNED_SCALE_IN]
+    if excess <= 0:
+        for pod in condemned_now:
+            await keep(ctx, view, pod, cordon_reason=cordon_reason(pod))
+        return []
+    if not view.slurm_ready:
+        # The order depends on which nodes are busy: do not choose on a guess.
+        unscheduled = [p for p in view.active.values() if pods.node_name(p) is None]
+        chosen_pods = victims(candidates(view, unscheduled), excess)
+        await remove_all(ctx, view, [c.pod for c in chosen_pods], CONDEMNED_SCALE_IN, "")
+        view.waits.append("scale-in waits for the Slurm view of the Cluster")
+        return [DRAIN_RECHECK_S]
+    if not view.slurm_fresh("scale-in"):
+        return [FRESH_VIEW_S]  # which nodes are busy, as of now: wait for one fast poll
+    pool = [p for p in view.active.values() if pods.condemned(p) != CONDEMNED_UPDATE]
+    chosen = [c.pod for c in victims(candidates(view, pool), excess)]
+    chosen_names = {pods.name(p) for p in chosen}
+    for pod in condemned_now:
+        if pods.name(pod) not in chosen_names:
+            await keep(ctx, view, pod, cordon_reason=cordon_reason(pod))
+    waiting = await remove_all(ctx, view, chosen, CONDEMNED_SCALE_IN, slurmcontrol.REASON_SCALE_IN)
+    return [DRAIN_RECHECK_S] if waiting else []
+
+
+# ------------------------------------------------------------ NodeSet deletion
+
+
+async def finalize(ctx: Context, view: View) -> dict[str, Drained]:
+    """The NodeSet is being deleted: drain every node and delete each pod once drained.
+    Returns the pods that still wait (empty: the finalizer may go)."""
+    return await remove_all(
+        ctx, view, list(view.active.values()), CONDEMNED_DELETED, slurmcontrol.REASON_DELETED
+    )

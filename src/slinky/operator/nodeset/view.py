@@ -1,0 +1,119 @@
+"""What one reconcile of a NodeSet knows (`View`) and what it acts through (`Context`).
+
+Every step module (`scalein`, `update`, `mirror`, `status`) takes these two, so a step reads
+the same picture and writes through the same side-effect objects.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from slinky.api.v1alpha1.nodeset import NodeSetSpec
+from slinky.kube import events, rest
+from slinky.kube.expectations import Expectations
+from slinky.kube.informer import Informer
+from slinky.operator.clients import Connection
+from slinky.operator.nodeset import builder, pods
+from slinky.operator.nodeset.podcontrol import PodControl
+from slinky.slurm.models import Node
+
+JSON = dict[str, Any]
+
+
+@dataclass
+class Context:
+    """The side effects and shared caches a reconcile uses."""
+
+    kube: rest.Kube
+    podcontrol: PodControl
+    recorder: events.EventRecorder
+    nodes: Informer
+    expectations: Expectations
+
+
+@dataclass
+class View:
+    """What one reconcile knows about a NodeSet."""
+
+    obj: JSON
+    spec: NodeSetSpec
+    key: str
+    exp_key: str
+    revision: str
+    conf_server: str | None
+    conn: Connection | None
+    active: dict[str, JSON]  # by pod name: not being deleted
+    terminating: dict[str, JSON]  # by pod name: deletion requested
+    # Why no pod can be created: (reason, message), e.g. the Cluster has no spec.controller.
+    conf_problem: tuple[str, str] | None = None
+    # Set by the steps: why Slurm is being waited on (drives the informer's fast polling).
+    waits: list[str] = field(default_factory=list)
+    # Set by the steps: extra status conditions (type, ok, reason, message).
+    conditions: list[tuple[str, bool, str, str]] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return str(self.obj["metadata"]["name"])
+
+    @property
+    def namespace(self) -> str:
+        return str(self.obj["metadata"]["namespace"])
+
+    @property
+    def deleting(self) -> bool:
+        return bool(self.obj["metadata"].get("deletionTimestamp"))
+
+    @property
+    def slurm_ready(self) -> bool:
+        """True when the Slurm view of the Cluster is synced and current: only then are
+        victims condemned and drains written."""
+        return (
+            self.conn is not None and self.conn.informer.has_synced and not self.conn.informer.stale
+        )
+
+    def slurm_fresh(self, why: str) -> bool:
+        """Record that this NodeSet waits on Slurm (`why`), and whether the Slurm view is
+        recent enough to choose on: polled since the wait began. The first reconcile of a
+        scale-in or update only switches the informer to fast polling."""
+        self.waits.append(why)
+        return self.conn is not None and self.conn.informer.fresh_for(self.key)
+
+    def ordinal(self, pod: JSON) -> int:
+        o = builder.ordinal_of(self.name, pods.name(pod))
+        return o if o is not None else 1 << 30
+
+    def slurm_node(self, pod: JSON) -> Node | None:
+        """The cached Slurm node of this pod; None when absent or when it belongs to a pod
+        of another NodeSet (same name in another namespace pointing at the same Slurm)."""
+        if self.conn is None:
+            return None
+        node = self.conn.informer.nodes.get(pods.name(pod))
+        if node is None or not belongs_to(node, self.namespace, pods.name(pod)):
+            return None
+        return node
+
+    def foreign(self, pod: JSON) -> bool:
+        """The Slurm node named like this pod is claimed by another pod: never touch it."""
+        if self.conn is None:
+            return False
+        node = self.conn.informer.nodes.get(pods.name(pod))
+        return node is not None and not belongs_to(node, self.namespace, pods.name(pod))
+
+    def moved(self, pod: JSON) -> None:
+        """The pod's deletion was requested: it is terminating from now on."""
+        name = pods.name(pod)
+        self.terminating[name] = self.active.pop(name, pod)
+
+
+def belongs_to(node: Node, namespace: str, pod_name: str) -> bool:
+    """Whether the Slurm node's comment (our JSON identity) names this pod. A node without
+    our JSON comment is unclaimed (slurmd registered, comment not yet written)."""
+    try:
+        ident = json.loads(node.comment) if node.comment else None
+    except ValueError:
+        return True
+    if not isinstance(ident, dict) or "namespace" not in ident:
+        return True
+    return bool(ident.get("namespace") == namespace and ident.get("podName") == pod_name)

@@ -1,0 +1,351 @@
+"""Autoscaling (issue 13) against the real apiserver, the real HPA controller of
+kube-controller-manager and real Slurm: a NodeSet's own partition, the external metrics API
+the operator serves through the apiserver, and an HPA scaling a NodeSet from zero and back.
+Every job asserted here ends COMPLETED and was never requeued."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+
+from slinky.kube import rest
+from slinky.operator.nodeset.partition import ANNOTATION_PARTITION
+from slinky.operator.resources import NODESETS
+from slinky.slurm import errors
+from slinky.slurm.models import Job, Partition
+from slinky_testbed.waiting import wait_for
+from tests.e2e.nodeset_fixtures import Env, nodeset_manifest
+from tests.e2e.operator_fixtures import condition
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+JSON = dict[str, Any]
+HPAS = rest.Resource("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler")
+METRICS = "/apis/external.metrics.k8s.io/v1beta1/namespaces"
+
+
+def unique(prefix: str) -> str:
+    """Slurm partition names are global to the test bed: never reuse one across tests."""
+    return f"{prefix}{uuid.uuid4().hex[:6]}"
+
+
+def with_partition(name: str, replicas: int, config: str = "") -> JSON:
+    return nodeset_manifest(name, replicas, partition={"enabled": True, "config": config})
+
+
+async def create_nodeset(e: Env, manifest: JSON) -> None:
+    await e.kube.create(NODESETS, manifest, e.namespace)
+
+
+async def partition(e: Env, name: str) -> Partition | None:
+    try:
+        return await e.slurm.get_partition(name)
+    except errors.SlurmNotFound:
+        return None
+
+
+async def submit_to(
+    e: Env, part: str, seconds: int, *, nodes: int = 1, hold: bool = False, name: str = "e2e-as"
+) -> int:
+    job: JSON = {
+        "name": name,
+        "partition": part,
+        "minimum_nodes": nodes,
+        "maximum_nodes": nodes,
+        "tasks": nodes,
+        "current_working_directory": "/tmp",
+        "environment": ["PATH=/usr/bin:/bin"],
+        "time_limit": {"set": True, "number": 10},
+    }
+    if hold:
+        job["hold"] = True
+    return await e.slurm.submit_job(job, script=f"#!/bin/sh\nsleep {seconds}\n")
+
+
+async def completed(e: Env, job_id: int, timeout: float) -> Job:
+    """Wait for the job to end; it must end COMPLETED and never have been requeued."""
+
+    async def ended() -> Job | None:
+        job = await e.slurm.get_job(job_id)
+        return job if job.is_finished else None
+
+    job = await wait_for(ended, timeout=timeout, interval=0.5, what=f"job {job_id} finished")
+    assert job.state == ["COMPLETED"], f"job {job_id} ended {job.state} ({job.state_reason})"
+    assert int(job.raw.get("restart_cnt") or 0) == 0, f"job {job_id} was requeued"
+    return job
+
+
+async def nodeset_condition(e: Env, name: str, type_: str, reason: str) -> JSON:
+    async def has() -> JSON | None:
+        c = condition(await e.nodeset(name), type_)
+        return c if c.get("reason") == reason else None
+
+    return await wait_for(has, timeout=60, interval=0.3, what=f"{name} {type_}={reason}")
+
+
+async def metric(e: Env, name: str, selector: str) -> tuple[int, JSON]:
+    """GET an external metric through the apiserver (as the HPA controller does)."""
+    try:
+        body = await e.kube.request(
+            "GET", f"{METRICS}/{e.namespace}/{name}", params={"labelSelector": selector}
+        )
+        return 200, body
+    except rest.ApiError as err:
+        return err.code, {"message": err.message}
+
+
+async def metric_value(e: Env, name: str, selector: str) -> int:
+    code, body = await metric(e, name, selector)
+    assert code == 200, body
+    return sum(int(i["value"]) for i in body["items"])
+
+
+async def wait_metric(e: Env, name: str, selector: str, want: int) -> None:
+    async def equal() -> bool:
+        # A 404 until the operator's informer polled once since the partition was made.
+        code, body = await metric(e, name, selector)
+        return code == 200 and sum(int(i["value"]) for i in body["items"]) == want
+
+    await wait_for(equal, timeout=60, interval=0.5, what=f"{name}{{{selector}}} == {want}")
+
+
+async def test_partition_follows_the_nodeset_and_outlives_scale_to_zero(env: Env) -> None:
+    e = env
+    name = unique("asp")
+    await create_nodeset(e, with_partition(name, 1, "MaxTime=30 OverSubscribe=NO"))
+
+    async def with_node() -> Partition | None:
+        p = await partition(e, name)
+        return p if p is not None and p.nodes == f"{name}-0" else None
+
+    part = await wait_for(with_node, timeout=90, interval=0.3, what=f"partition {name} with node")
+    assert part.raw["maximums"]["time"]["number"] == 30
+    await nodeset_condition(e, name, "PartitionReady", "PartitionReady")
+    assert (await e.nodeset(name))["metadata"]["annotations"][ANNOTATION_PARTITION] == name
+    await completed(e, await submit_to(e, name, 1), timeout=60)
+
+    await e.scale(name, 0)
+
+    async def no_pods() -> bool:
+        return not await e.pods(name)
+
+    await wait_for(no_pods, timeout=90, what="NodeSet scaled to 0")
+    waiting = await submit_to(e, name, 1)  # accepted: the partition stays with no nodes
+
+    async def pending_for_nodes() -> Job | None:
+        job = await e.slurm.get_job(waiting)
+        return job if job.is_pending and job.state_reason else None
+
+    job = await wait_for(pending_for_nodes, timeout=30, what=f"job {waiting} pending")
+    assert job.state_reason in (
+        "PartitionConfig",
+        "Resources",
+        "Nodes_required_for_job_are_DOWN,_DRAINED_and_or_reserved_for_jobs_in_higher_priority_partitions",
+    ), job.state_reason
+    assert await partition(e, name) is not None
+
+    await e.scale(name, 1)
+    await completed(e, waiting, timeout=120)
+    await e.kube.delete(NODESETS, name, e.namespace)
+
+    async def nodeset_gone() -> bool:
+        try:
+            await e.nodeset(name)
+        except rest.ApiError as err:
+            return err.not_found
+        return False
+
+    await wait_for(nodeset_gone, timeout=120, what=f"NodeSet {name} deleted")
+    assert await partition(e, name) is None, "the NodeSet's partition outlived it"
+
+
+async def test_bad_partition_inputs_are_conditions_and_nothing_is_deleted(env: Env) -> None:
+    e = env
+    foreign = unique("asf")
+    await e.slurm.put_partition({"name": foreign, "maximums": {"time": {"set": True, "number": 7}}})
+    try:
+        await create_nodeset(e, with_partition(foreign, 0))
+        cond = await nodeset_condition(e, foreign, "PartitionReady", "PartitionConflict")
+        assert foreign in cond["message"] and cond["status"] == "False"
+
+        bad_config = unique("asc")
+        await create_nodeset(e, with_partition(bad_config, 0, "MaxTime=30 Bogus=1"))
+        cond = await nodeset_condition(e, bad_config, "PartitionReady", "InvalidPartitionConfig")
+        assert "Bogus" in cond["message"]
+        assert await partition(e, bad_config) is None
+
+        await create_nodeset(e, with_partition("default", 0))  # a name Slurm reserves
+        cond = await nodeset_condition(e, "default", "PartitionReady", "PartitionRefused")
+        assert "default" in cond["message"]
+
+        for n in (foreign, bad_config, "default"):
+            await e.kube.delete(NODESETS, n, e.namespace)
+
+        async def all_gone() -> bool:
+            return not (await e.kube.list(NODESETS, e.namespace))["items"]
+
+        await wait_for(all_gone, timeout=60, what="NodeSets deleted")
+        kept = await partition(e, foreign)
+        assert kept is not None, "a partition the NodeSet did not create was deleted"
+        assert kept.raw["maximums"]["time"]["number"] == 7, "a foreign partition was changed"
+    finally:
+        await e.slurm.delete_partition(foreign)
+
+
+async def test_metrics_api_counts_waiting_jobs_and_refuses_unknown_names(env: Env) -> None:
+    e = env
+    name = unique("asm")
+    await create_nodeset(e, with_partition(name, 0))
+    await nodeset_condition(e, name, "PartitionReady", "PartitionReady")
+    jobs = [
+        await submit_to(e, name, 1),
+        await submit_to(e, name, 1, nodes=2),
+        await submit_to(e, name, 1, hold=True),  # held: not demand
+    ]
+    try:
+        await wait_metric(e, "slurm_partition_jobs_pending", f"partition={name}", 2)
+        assert await metric_value(e, "slurm_partition_jobs_pending_nodes", f"partition={name}") == 3
+        assert await metric_value(e, "slurm_partition_nodes_idle", f"partition={name}") == 0
+        assert await metric_value(e, "slurm_nodeset_jobs_pending", f"nodeset={name}") == 2
+        assert await metric_value(e, "slurm_nodeset_jobs_pending_nodes", f"nodeset={name}") == 3
+        scraped = e.operator.metrics()
+        assert (
+            f'slurm_partition_jobs_pending{{cluster="{e.namespace}/slurm",partition="{name}"}} 2.0'
+            in scraped
+        )
+        assert (
+            f'slurm_nodeset_jobs_pending_nodes{{namespace="{e.namespace}",nodeset="{name}"}} 3.0'
+            in scraped
+        )
+
+        for bad, selector, says in [
+            ("slurm_partition_jobs_missing", f"partition={name}", "unknown metric"),
+            ("slurm_partition_jobs_pending", "", "needs labelSelector partition"),
+            ("slurm_partition_jobs_pending", "partition=no-such-partition", "not found"),
+            ("slurm_nodeset_jobs_pending", "nodeset=no-such-nodeset", "not found"),
+            ("slurm_nodeset_jobs_pending", f"partition={name}", "needs labelSelector nodeset"),
+        ]:
+            code, body = await metric(e, bad, selector)
+            assert code == 404, (bad, selector, body)
+            assert says in body["message"], (bad, selector, body)
+    finally:
+        for job_id in jobs:
+            await e.slurm.cancel_job(job_id)
+
+
+def hpa(name: str, *, scale_down_window: int) -> JSON:
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": name},
+        "spec": {
+            "scaleTargetRef": {
+                "apiVersion": "slinky.slurm.net/v1alpha1",
+                "kind": "NodeSet",
+                "name": name,
+            },
+            "minReplicas": 0,
+            "maxReplicas": 2,
+            "metrics": [
+                {
+                    "type": "External",
+                    "external": {
+                        "metric": {
+                            "name": "slurm_nodeset_jobs_pending_nodes",
+                            "selector": {"matchLabels": {"nodeset": name}},
+                        },
+                        # AverageValue: desired = ceil(nodes asked / 1), also from 0 replicas.
+                        "target": {"type": "AverageValue", "averageValue": "1"},
+                    },
+                }
+            ],
+            "behavior": {
+                "scaleUp": {"stabilizationWindowSeconds": 0},
+                "scaleDown": {
+                    "stabilizationWindowSeconds": scale_down_window,
+                    "policies": [{"type": "Percent", "value": 100, "periodSeconds": 1}],
+                },
+            },
+        },
+    }
+
+
+async def test_hpa_scales_a_nodeset_from_zero_and_back_draining_busy_pods(env: Env) -> None:
+    e = env
+    name = unique("ash")
+    # Kubernetes 1.36 scales up from zero only a target that the HPA itself scaled to zero
+    # (condition ScaledToZero); one created or scaled by hand to 0 counts as disabled.
+    await create_nodeset(e, with_partition(name, 1))
+    await nodeset_condition(e, name, "PartitionReady", "PartitionReady")
+    await e.kube.create(HPAS, hpa(name, scale_down_window=5), e.namespace)
+
+    async def hpa_scaled_to_zero() -> bool:
+        obj = await e.kube.get(HPAS, name, e.namespace)
+        return condition(obj, "ScaledToZero").get("status") == "True"
+
+    await wait_for(hpa_scaled_to_zero, timeout=90, interval=0.3, what="empty queue: HPA to 0")
+
+    async def no_pods() -> bool:
+        return not await e.pods(name)
+
+    await wait_for(no_pods, timeout=90, what="NodeSet at 0 pods")
+    short, long = await submit_to(e, name, 2), await submit_to(e, name, 40)
+
+    async def scaled_up() -> bool:
+        return int((await e.nodeset(name))["spec"]["replicas"]) >= 1
+
+    await wait_for(scaled_up, timeout=90, interval=0.3, what="HPA scales the NodeSet from 0")
+    await completed(e, short, timeout=120)
+    running_on = await e.running_on(long, timeout=60)
+
+    # No job pending any more: after its window the HPA asks for 0 while `long` still runs.
+    async def scaled_to_zero() -> bool:
+        return int((await e.nodeset(name))["spec"]["replicas"]) == 0
+
+    await wait_for(scaled_to_zero, timeout=90, interval=0.3, what="HPA scales the NodeSet to 0")
+    assert (await e.slurm.get_job(long)).is_running, "the HPA's scale-in stopped a running job"
+    assert running_on in await e.live_pod_names(name) + [
+        p["metadata"]["name"] for p in await e.pods(name)
+    ], "the busy pod was deleted while its job ran"
+    await completed(e, long, timeout=120)
+    await wait_for(no_pods, timeout=120, what="the drained pod deleted after its job")
+    assert await partition(e, name) is not None, "replicas 0 keeps the partition"
+
+
+async def test_partition_goes_when_disabled_and_waits_for_queued_jobs_on_deletion(
+    env: Env,
+) -> None:
+    e = env
+    name = unique("asd")
+    await create_nodeset(e, with_partition(name, 0))
+    await nodeset_condition(e, name, "PartitionReady", "PartitionReady")
+    await e.kube.patch(NODESETS, name, {"spec": {"partition": {"enabled": False}}}, e.namespace)
+
+    async def disabled() -> bool:
+        return await partition(e, name) is None
+
+    await wait_for(disabled, timeout=60, what=f"partition {name} deleted when disabled")
+    await nodeset_condition(e, name, "PartitionReady", "PartitionDisabled")
+    annotations = (await e.nodeset(name))["metadata"].get("annotations") or {}
+    assert ANNOTATION_PARTITION not in annotations
+
+    await e.kube.patch(NODESETS, name, {"spec": {"partition": {"enabled": True}}}, e.namespace)
+    await nodeset_condition(e, name, "PartitionReady", "PartitionReady")
+    queued = await submit_to(e, name, 1)
+    await e.kube.delete(NODESETS, name, e.namespace)
+
+    async def waits_for_the_queue() -> str | None:
+        message = str(condition(await e.nodeset(name), "Deleting").get("message") or "")
+        return message if f"partition {name}" in message else None
+
+    await wait_for(waits_for_the_queue, timeout=60, what="Deleting names the partition")
+    assert await partition(e, name) is not None, "a partition with a queued job was deleted"
+    assert (await e.slurm.get_job(queued)).is_pending
+    await e.slurm.cancel_job(queued)
+
+    async def gone() -> bool:
+        return await partition(e, name) is None
+
+    await wait_for(gone, timeout=60, what=f"partition {name} deleted once its queue is empty")

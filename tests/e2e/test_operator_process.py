@@ -1,0 +1,167 @@
+"""The operator as a process: flags as Kubernetes users write them, and leadership that
+never lets two replicas act at once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from slinky.kube import rest
+from slinky_testbed.bed import Testbed
+from slinky_testbed.waiting import wait_for
+from tests.e2e.operator_fixtures import (
+    OperatorProcess,
+    operator_kubeconfig,
+    start_operator,
+    wait_ready,
+)
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.mark.parametrize("flag", ["--leader-elect=false", "--leader-elect=true", "--leader-elect"])
+async def test_the_operator_runs_with_leader_elect_written_as_go_flags(
+    flag: str, kube: rest.Kube, testbed: Testbed, crds: None, tmp_path: Path
+) -> None:
+    kubeconfig = await operator_kubeconfig(kube, testbed, tmp_path / "kubeconfig")
+    op = start_operator(
+        kubeconfig,
+        tmp_path / "op.log",
+        flag,
+        "--namespace=e2e-flags-nothing-here",  # acts in no namespace the other tests use
+        f"--leader-election-id=e2e-flags-{uuid.uuid4().hex[:6]}",
+    )
+    try:
+        await wait_ready(op)
+
+        async def controllers_started() -> bool:
+            text = op.log_path.read_text(errors="replace")
+            return "controller nodeset: started" in text and "controller cluster: started" in text
+
+        await wait_for(controllers_started, timeout=60, what="controllers running")
+        if flag != "--leader-elect=false":
+            assert "acquired the lease" in op.log_path.read_text()
+        else:
+            assert "acquire" not in op.log_path.read_text()
+    finally:
+        code = op.stop()
+    assert code == 0, op.log_tail()
+
+
+@pytest.mark.parametrize(
+    ("flag", "named"),
+    [
+        ("--leader-election-lease-duration=banana", "--leader-election-lease-duration"),
+        ("--slurm-idle-poll-interval=10", "--slurm-idle-poll-interval"),
+        ("--leader-elect=maybe", "--leader-elect"),
+    ],
+)
+def test_garbage_flag_values_exit_2_naming_the_flag(flag: str, named: str) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "slinky.operator.main", flag],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert named in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+class Blackhole:
+    """A TCP forwarder to the apiserver that can be cut: from then on it accepts and reads
+    but never answers, like a network partition (requests hang, nothing is refused)."""
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.cut = asyncio.Event()
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, asyncio.CancelledError):
+            while data := await reader.read(65536):
+                if self.cut.is_set():
+                    await asyncio.Event().wait()
+                writer.write(data)
+                await writer.drain()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.cut.is_set():
+            await asyncio.Event().wait()
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+        await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer))
+
+    async def stop(self) -> None:
+        if self.server:
+            self.server.close()
+
+
+def first_time(log: Path, text: str) -> dt.datetime | None:
+    for line in log.read_text(errors="replace").splitlines():
+        with contextlib.suppress(ValueError):
+            rec = json.loads(line)
+            if text in rec.get("msg", ""):
+                return dt.datetime.fromisoformat(rec["ts"].rstrip("Z"))
+    return None
+
+
+async def test_a_leader_cut_off_from_the_apiserver_stops_before_the_next_one_acts(
+    kube: rest.Kube, testbed: Testbed, operator: OperatorProcess, namespace: str, tmp_path: Path
+) -> None:
+    kubeconfig = await operator_kubeconfig(kube, testbed, tmp_path / "direct")
+    cfg = yaml.safe_load(kubeconfig.read_text())
+    server = cfg["clusters"][0]["cluster"]["server"]
+    host, _, port = server.removeprefix("https://").rpartition(":")
+    proxy = Blackhole(host, int(port))
+    await proxy.start()
+    cfg["clusters"][0]["cluster"]["server"] = f"https://{host}:{proxy.port}"
+    via_proxy = tmp_path / "via-proxy"
+    via_proxy.write_text(yaml.safe_dump(cfg))
+    lease = f"e2e-lease-{uuid.uuid4().hex[:6]}"
+    common = (f"--namespace={namespace}", f"--leader-election-id={lease}", "--log-format=json")
+    a = start_operator(via_proxy, tmp_path / "a.log", *common)
+    b: OperatorProcess | None = None
+    try:
+        await wait_ready(a)
+        await wait_for(lambda: _logged(a, "acquired the lease"), timeout=30, what="replica A leads")
+        b = start_operator(kubeconfig, tmp_path / "b.log", *common)
+        await wait_ready(b)  # ready without the Lease: a Deployment can roll
+        assert first_time(b.log_path, "acquired the lease") is None, "B acted while A leads"
+        proxy.cut.set()
+        await wait_for(
+            lambda: _logged(b, "acquired the lease"), timeout=60, what="replica B takes over"
+        )
+        b_acquired = first_time(b.log_path, "acquired the lease")
+        a_stopped = first_time(a.log_path, "controllers stopped")
+        assert a_stopped is not None, "A never stopped its controllers:\n" + a.log_tail()
+        assert b_acquired is not None and a_stopped < b_acquired, (a_stopped, b_acquired)
+
+        async def a_exited() -> bool:
+            return a.proc.poll() is not None
+
+        await wait_for(a_exited, timeout=30, what="A exits so a restart starts clean")
+        assert a.proc.returncode == 1
+    finally:
+        if a.proc.poll() is None:
+            a.kill()
+        if b is not None and b.proc.poll() is None:
+            b.stop()
+        await proxy.stop()
+
+
+async def _logged(op: OperatorProcess, text: str) -> bool:
+    return first_time(op.log_path, text) is not None

@@ -1,0 +1,140 @@
+"""Pure logic of autoscaling: the partition config a NodeSet may set, which pending jobs
+count as demand, and the label selectors the external metrics API accepts."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from slinky.operator.autoscale.extapi import SelectorError, parse_selector
+from slinky.operator.autoscale.metrics import compute, counts, nodeset_of
+from slinky.operator.nodeset.partition import PartitionConfigError, minutes, parse_config
+from slinky.slurm.informer import SlurmInformer
+from slinky.slurm.models import Job, Node, Partition
+
+
+def test_partition_config_becomes_partition_info_fields() -> None:
+    body = parse_config("MaxTime=1-00:00:00 Default=YES OverSubscribe=FORCE:2 State=DRAIN")
+    assert body["maximums"]["time"] == {"set": True, "infinite": False, "number": 1440}
+    assert body["flags"] == ["DEFAULT"]
+    assert body["maximums"]["oversubscribe"] == {"jobs": 2, "flags": ["force"]}
+    assert body["partition"]["state"] == ["DRAIN"]
+    assert parse_config("maxtime=UNLIMITED hidden=no")["maximums"]["time"]["infinite"] is True
+    assert parse_config("") == {}
+
+
+@pytest.mark.parametrize(
+    ("config", "names"),
+    [
+        ("MaxTime=60 Bogus=1", "Bogus"),
+        ("Nodes=a,b", "Nodes"),
+        ("PartitionName=x", "PartitionName"),
+        ("MaxTime=soon", "MaxTime"),
+        ("Default=maybe", "Default"),
+        ("OverSubscribe=SOMETIMES", "OverSubscribe"),
+        ("MaxTime", "MaxTime"),
+    ],
+)
+def test_bad_partition_config_names_the_key(config: str, names: str) -> None:
+    with pytest.raises(PartitionConfigError, match=names):
+        parse_config(config)
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("90", 90),
+        ("1:30", 2),
+        ("2:00:00", 120),
+        ("1-2", 1560),
+        ("1-0:30", 1470),
+        ("INFINITE", None),
+    ],
+)
+def test_slurm_time_formats_in_minutes(text: str, want: int | None) -> None:
+    assert minutes("MaxTime", text) == want
+
+
+def job(job_id: int, state: str, reason: str = "", partition: str = "p", nodes: int = 1) -> Job:
+    return Job.parse(
+        {
+            "job_id": job_id,
+            "job_state": [state],
+            "state_reason": reason,
+            "partition": partition,
+            "node_count": {"set": True, "number": nodes},
+        }
+    )
+
+
+def node(name: str, state: list[str], partitions: str, ns: str = "", pod: str = "") -> Node:
+    comment = json.dumps({"namespace": ns, "podName": pod}) if ns else ""
+    return Node.parse(
+        {
+            "name": name,
+            "state": state,
+            "partitions": partitions.split(","),
+            "features": [pod.rsplit("-", 1)[0]] if pod else [],
+            "comment": comment,
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    ("state", "reason", "counted"),
+    [
+        ("PENDING", "PartitionConfig", True),  # no nodes yet: the scale-from-zero case
+        ("PENDING", "Resources", True),
+        ("PENDING", "Priority", True),
+        ("PENDING", "JobHeldUser", False),
+        ("PENDING", "JobHeldAdmin", False),
+        ("PENDING", "Dependency", False),
+        ("PENDING", "BeginTime", False),
+        ("RUNNING", "None", False),
+    ],
+)
+def test_which_pending_jobs_are_demand(state: str, reason: str, counted: bool) -> None:
+    assert counts(job(1, state, reason)) is counted
+
+
+def test_stats_per_partition_and_nodeset_from_the_cache() -> None:
+    informer: Any = SlurmInformer.__new__(SlurmInformer)
+    informer.polls = 7
+    informer.partitions = {"p": Partition("p", "", "UP"), "empty": Partition("empty", "", "UP")}
+    informer.jobs = {
+        1: job(1, "PENDING", "PartitionConfig", "p", nodes=3),
+        2: job(2, "PENDING", "Resources", "p,q"),
+        3: job(3, "PENDING", "JobHeldUser", "p"),
+        4: job(4, "RUNNING", "None", "p"),
+    }
+    informer.nodes = {
+        "cpu-0": node("cpu-0", ["IDLE"], "p", "ns", "cpu-0"),
+        "cpu-1": node("cpu-1", ["IDLE", "DRAIN"], "p", "ns", "cpu-1"),
+        "cpu-2": node("cpu-2", ["ALLOCATED"], "p", "ns", "cpu-2"),
+        "other": node("other", ["IDLE"], "q"),
+    }
+    stats = compute(informer)
+    assert (stats.partitions["p"].jobs_pending, stats.partitions["p"].jobs_pending_nodes) == (2, 4)
+    assert stats.partitions["p"].nodes_idle == 1
+    assert stats.partitions["q"].jobs_pending == 1 and stats.partitions["q"].nodes_idle == 1
+    assert stats.partitions["empty"].jobs_pending == 0  # known, so answered with 0, not 404
+    assert stats.nodeset_idle == {("ns", "cpu"): 1}
+
+
+def test_nodeset_of_a_node_needs_our_identity_and_its_feature() -> None:
+    assert nodeset_of(node("gpu-3", ["IDLE"], "p", "ns", "gpu-3")) == ("ns", "gpu")
+    assert nodeset_of(node("x", ["IDLE"], "p")) is None
+
+
+def test_label_selectors_are_equality_terms() -> None:
+    assert parse_selector("partition=debug") == {"partition": "debug"}
+    assert parse_selector("partition==debug,cluster=slurm") == {
+        "partition": "debug",
+        "cluster": "slurm",
+    }
+    assert parse_selector("") == {}
+    for bad in ("partition!=debug", "partition in (a,b)", "partition"):
+        with pytest.raises(SelectorError):
+            parse_selector(bad)

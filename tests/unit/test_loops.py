@@ -1,0 +1,100 @@
+"""Background loops: supervised restarts, fast-while-waiting Slurm polling, and a controller
+that stops at once when cancelled (leadership lost)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx2
+
+from slinky.background import BackgroundLoop
+from slinky.kube.controller import DONE, Controller, Result
+from slinky.slurm.client import SlurmClient
+from slinky.slurm.informer import SlurmInformer
+from slinky.slurm.models import expand_hostlist
+from slinky.slurm.tokens import StaticToken
+from slinky_testbed.waiting import wait_for
+
+
+class Flaky(BackgroundLoop):
+    def __init__(self, failures: int) -> None:
+        self.failures = failures
+        self.runs = 0
+        self.running = asyncio.Event()
+
+    async def run(self) -> None:
+        self.runs += 1
+        if self.runs <= self.failures:
+            raise KeyError("unexpected payload")
+        self.running.set()
+        await asyncio.Event().wait()
+
+
+async def test_a_loop_that_dies_is_restarted_and_unhealthy_meanwhile() -> None:
+    loop = Flaky(failures=1)
+    loop.start()
+
+    async def down() -> bool:
+        return not loop.healthy
+
+    await wait_for(down, timeout=5, what="loop reported down", interval=0.01)
+    assert "unexpected payload" in (loop.failure or "")
+    await asyncio.wait_for(loop.running.wait(), 10)
+    assert loop.healthy and loop.restarts == 1
+    await loop.stop()
+
+
+def test_slurm_informer_polls_fast_only_while_someone_waits() -> None:
+    client = SlurmClient("http://slurm.test", StaticToken("t", user="u"))
+    inf = SlurmInformer(client, poll_interval=0.5, idle_interval=30)
+    assert inf.interval == 30
+    inf.demand("ns/a/uid", True)
+    inf.demand("ns/b/uid", True)
+    assert inf.interval == 0.5
+    inf.demand("ns/a/uid", False)
+    assert inf.interval == 0.5, "b still waits"
+    inf.demand("ns/b/uid", False)
+    assert inf.interval == 30
+
+
+async def test_an_unreadable_slurm_answer_marks_the_cache_stale_not_frozen() -> None:
+    def handler(req: httpx2.Request) -> httpx2.Response:
+        if req.url.path == "/openapi/v3":
+            return httpx2.Response(200, json={"paths": {"/slurm/v0.0.45/ping/": {}}})
+        return httpx2.Response(200, json={"nodes": [{"name": "x", "cpus": "not a number"}]})
+
+    client = SlurmClient("http://slurm.test", StaticToken("t", user="u"))
+    client.http = httpx2.AsyncClient(base_url=client.url, transport=httpx2.MockTransport(handler))
+    inf = SlurmInformer(client, poll_interval=0.05)
+    inf.start()
+
+    async def stale_with_reason() -> bool:
+        return inf.stale and "unexpected payload" in inf.last_error
+
+    await wait_for(stale_with_reason, timeout=5, what="stale with a reason", interval=0.01)
+    assert inf.healthy
+    await inf.stop()
+
+
+def test_hostlists_expand_to_node_names() -> None:
+    assert expand_hostlist("cpu-[0-2,5],gpu-1") == ["cpu-0", "cpu-1", "cpu-2", "cpu-5", "gpu-1"]
+    assert expand_hostlist("n[08-10]") == ["n08", "n09", "n10"]
+    assert expand_hostlist("") == []
+
+
+async def test_a_cancelled_controller_does_not_wait_for_in_flight_work() -> None:
+    started = asyncio.Event()
+
+    class Slow:
+        async def reconcile(self, key: str) -> Result:
+            started.set()
+            await asyncio.sleep(3600)
+            return DONE
+
+    ctrl = Controller("slow", Slow())
+    ctrl.enqueue("ns/a")
+    task = asyncio.create_task(ctrl.run(asyncio.Event()))
+    await asyncio.wait_for(started.wait(), 5)
+    task.cancel()
+    done, _ = await asyncio.wait([task], timeout=2)
+    assert done, "cancellation must not drain in-flight reconciles"
