@@ -1,6 +1,7 @@
 """NodeSet scale 0->N and N->0: N = 10 real slurmd pods (containers on real nodes) and
 N = 5,000 pods on kwok nodes (no slurmd there: their Slurm nodes never register;
-`BENCH_KWOK_PODS` changes N). Reports total time, apiserver requests the operator issued, operator RSS, and:
+`BENCH_KWOK_PODS` changes N). Reports total time, apiserver requests the operator issued,
+operator RSS, and:
 
 - real nodes: job-end -> pod-deleted latency (every node runs a job when the scale-in starts;
   from the moment Slurm shows the node drained, i.e. its job ended, to the moment its pod is
