@@ -16,7 +16,7 @@ from slinky_testbed.slurmrest import SlurmRest
 from slinky_testbed.waiting import wait_for
 from tests.e2e.bridge_fixtures import bridge, bridge_env
 from tests.e2e.nodeset_fixtures import env
-from tests.e2e.operator_fixtures import crds, operator
+from tests.e2e.operator_fixtures import crds, operator, operator_session
 
 pytestmark = pytest.mark.e2e
 SERVICE_ACCOUNTS = rest.Resource("", "v1", "serviceaccounts", "ServiceAccount")
@@ -88,4 +88,4 @@ async def namespace(kube: rest.Kube, request: pytest.FixtureRequest) -> AsyncIte
     await kube.delete(rest.NAMESPACES, name)
 
 
-__all__ = ["bridge", "bridge_env", "crds", "env", "operator", "wait_for"]
+__all__ = ["bridge", "bridge_env", "crds", "env", "operator", "operator_session", "wait_for"]

@@ -88,7 +88,8 @@ class Blackhole:
         self.port = 0
 
     async def start(self) -> None:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        # Same address as the apiserver, so its serving certificate still matches.
+        self.server = await asyncio.start_server(self._serve, self.target[0], 0)
         self.port = self.server.sockets[0].getsockname()[1]
 
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
