@@ -184,7 +184,16 @@ async def operator_session(
     work = tmp_path_factory.mktemp("operator")
     kubeconfig = await operator_kubeconfig(kube, testbed, work / "kubeconfig")
     api_args, api_port = metrics_api_args(testbed)
-    op = start_operator(kubeconfig, work / "operator.log", "--slurm-token-lifetime=6s", *api_args)
+    # A Lease that outlasts an apiserver restart (tests restart it): the quick 4 s Lease of
+    # `start_operator` is for the tests that exercise failover with operators of their own.
+    op = start_operator(
+        kubeconfig,
+        work / "operator.log",
+        "--slurm-token-lifetime=6s",
+        "--leader-election-lease-duration=20s",
+        "--leader-election-renew-deadline=15s",
+        *api_args,
+    )
     await wait_ready(op)
     await install_metrics_api(kube, testbed, api_port)
     yield op
