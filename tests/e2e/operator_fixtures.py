@@ -108,6 +108,30 @@ class OperatorProcess:
         return self.proc.poll() == 1 and "lost leadership; exiting" in self.log_tail(5)
 
 
+async def wait_rbac_effective(kube: rest.Kube, verb: str, group: str, resource: str) -> None:
+    """Wait until the apiserver's authorizer has caught up with the RBAC objects just applied,
+    so the operator does not start into a moment of 403s."""
+    user = f"system:serviceaccount:{OPERATOR_NS}:slurm-operator"
+
+    async def allowed() -> bool:
+        review = await kube.request(
+            "POST",
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+            body={
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SubjectAccessReview",
+                "spec": {
+                    "user": user,
+                    "groups": ["system:serviceaccounts", f"system:serviceaccounts:{OPERATOR_NS}"],
+                    "resourceAttributes": {"verb": verb, "group": group, "resource": resource},
+                },
+            },
+        )
+        return bool((review.get("status") or {}).get("allowed"))
+
+    await wait_for(allowed, timeout=30, what=f"RBAC lets {user} {verb} {resource}")
+
+
 async def operator_kubeconfig(kube: rest.Kube, testbed: Testbed, path: Path) -> Path:
     """A kubeconfig holding a TokenRequest token of the operator's ServiceAccount."""
     try:
@@ -117,6 +141,8 @@ async def operator_kubeconfig(kube: rest.Kube, testbed: Testbed, path: Path) -> 
             raise
     for f in ("role.yaml", "leader_election_role.yaml", "service_account.yaml"):
         await apply_file(kube, REPO / "config" / "rbac" / f)
+    await wait_rbac_effective(kube, "watch", "slinky.slurm.net", "nodesets")
+    await wait_rbac_effective(kube, "watch", "", "secrets")
     sa = RBAC_RES["ServiceAccount"]
     tr = await kube.request(
         "POST",

@@ -90,7 +90,8 @@ async def test_scale_out_from_zero_registers_idle_nodes_with_the_nodeset_feature
 async def test_scale_in_drains_idle_first_and_waits_for_the_running_job(env: Env) -> None:
     await env.kube.create(NODESETS, nodeset_manifest("shrink", 3), env.namespace)
     await wait_idle_nodes(env, "shrink", 3)
-    job = await env.submit("shrink", 12)
+    # Long enough to outlast the idle poll below and both scale steps.
+    job = await env.submit("shrink", 60)
     busy = await env.running_on(job)
 
     async def protected() -> bool:
@@ -122,7 +123,7 @@ async def test_scale_in_drains_idle_first_and_waits_for_the_running_job(env: Env
     async def completed() -> bool:
         return "COMPLETED" in await env.job_state(job)
 
-    await wait_for(completed, timeout=30, what="job completed normally")
+    await wait_for(completed, timeout=90, what="job completed normally")
     # Deadline: about one poll interval (2 s) to see the node drained, plus the preStop.
     await wait_for(lambda: _empty(env, "shrink"), timeout=8, what="pod deleted soon after")
     await wait_for(

@@ -21,7 +21,7 @@ from slinky.operator.resources import CLUSTERS, NODESETS
 from slinky.slurm import errors
 from slinky_testbed import procs
 from slinky_testbed.waiting import wait_for
-from tests.e2e.nodeset_fixtures import Env, nodeset_manifest, wait_idle_nodes
+from tests.e2e.nodeset_fixtures import Env, nodeset_manifest, slurm_key_secret, wait_idle_nodes
 from tests.e2e.operator_fixtures import cluster, condition, secret
 
 pytestmark = pytest.mark.e2e
@@ -139,6 +139,8 @@ async def other_namespace(env: Env, prefix: str) -> AsyncIterator[str]:
             secret("slurm-jwt", **{"jwt_hs256.key": env.testbed.jwt_key_path.read_bytes()}),
             ns,
         )
+        # The slurmd pods mount the Slurm key from their own namespace (configless: nothing else).
+        await env.kube.create(rest.SECRETS, slurm_key_secret(env.testbed), ns)
         host, port = env.testbed.slurmctld_addr.split(":")
         await env.kube.create(
             CLUSTERS,
