@@ -649,6 +649,18 @@ class Testbed:
         start, ready = starters[name]
         start(state)
         self._wait(name, ready, timeout)
+        with (self.dir / "restarts.log").open("a") as f:
+            f.write(f"{name} {time.time():.3f}\n")
+
+    def restarted_at(self, name: str) -> list[float]:
+        """Wall-clock times at which `name` came back from `start_component` (tests judge what
+        clients logged right after, e.g. a new apiserver's RBAC cache still filling)."""
+        path = self.dir / "restarts.log"
+        if not path.exists():
+            return []
+        return [
+            float(t) for n, t in (ln.split() for ln in path.read_text().splitlines()) if n == name
+        ]
 
     def restart_component(self, name: str) -> None:
         self.stop_component(name)
