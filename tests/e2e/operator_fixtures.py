@@ -235,12 +235,12 @@ async def operator_session(
         for line in op.log_path.read_text().splitlines()
         if 'User "system:serviceaccount:' in line
         and "cannot" in line
-        and not _soon_after(line, restarts, window_s=60)
+        and not soon_after(line, restarts, window_s=60)
     ]
     assert not denied, "operator hit RBAC denials:\n" + "\n".join(denied[:10])
 
 
-def _soon_after(line: str, moments: list[float], *, window_s: float) -> bool:
+def soon_after(line: str, moments: list[float], *, window_s: float) -> bool:
     """Whether a log line (text format: local time first, as logging's asctime writes it) was
     written within `window_s` after one of `moments`."""
     try:
