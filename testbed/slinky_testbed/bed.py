@@ -174,6 +174,7 @@ class Testbed:
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.logs.exists():
             shutil.rmtree(self.logs)
+        (self.dir / "restarts.log").unlink(missing_ok=True)
         self.logs.mkdir()
         self._ensure_root(log)
         self._mount_root()
@@ -647,13 +648,13 @@ class Testbed:
             "slurmctld": (self._start_slurmctld, self._slurmctld_up),
         }
         start, ready = starters[name]
-        start(state)
-        self._wait(name, ready, timeout)
         with (self.dir / "restarts.log").open("a") as f:
             f.write(f"{name} {time.time():.3f}\n")
+        start(state)
+        self._wait(name, ready, timeout)
 
     def restarted_at(self, name: str) -> list[float]:
-        """Wall-clock times at which `name` came back from `start_component` (tests judge what
+        """Wall-clock times at which `start_component` started `name` again (tests judge what
         clients logged right after, e.g. a new apiserver's RBAC cache still filling)."""
         path = self.dir / "restarts.log"
         if not path.exists():
