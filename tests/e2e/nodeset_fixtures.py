@@ -17,6 +17,7 @@ from slinky.kube import rest
 from slinky.operator.resources import CLUSTERS, NODESETS
 from slinky.slurm import errors
 from slinky.slurm.client import SlurmClient
+from slinky.slurm.models import Job
 from slinky.slurm.tokens import MintedToken
 from slinky_testbed.bed import Testbed
 from slinky_testbed.pods import slurm_key_secret, slurmd_pod_spec
@@ -91,6 +92,23 @@ class Env:
 
     async def job_state(self, job_id: int) -> list[str]:
         return (await self.slurm.get_job(job_id)).state
+
+    async def completed_once(self, job_id: int, timeout: float = 60) -> Job:
+        return await completed_once(self.slurm, job_id, timeout)
+
+
+async def completed_once(slurm: SlurmClient, job_id: int, timeout: float = 60) -> Job:
+    """Wait for the job to end and settle (no COMPLETING flag: the epilog has run); it must
+    end COMPLETED and never have been requeued."""
+
+    async def settled() -> Job | None:
+        job = await slurm.get_job(job_id)
+        return job if job.is_finished and "COMPLETING" not in job.state else None
+
+    job = await wait_for(settled, timeout=timeout, interval=0.3, what=f"job {job_id} ended")
+    assert job.state == ["COMPLETED"], f"job {job_id} ended {job.state} ({job.state_reason})"
+    assert int(job.raw.get("restart_cnt") or 0) == 0, f"job {job_id} was requeued"
+    return job
 
 
 @pytest.fixture

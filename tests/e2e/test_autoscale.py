@@ -16,7 +16,7 @@ from slinky.operator.resources import NODESETS
 from slinky.slurm import errors
 from slinky.slurm.models import Job, Partition
 from slinky_testbed.waiting import wait_for
-from tests.e2e.nodeset_fixtures import Env, nodeset_manifest
+from tests.e2e.nodeset_fixtures import Env, completed_once, nodeset_manifest
 from tests.e2e.operator_fixtures import condition
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -66,15 +66,7 @@ async def submit_to(
 
 async def completed(e: Env, job_id: int, timeout: float) -> Job:
     """Wait for the job to end; it must end COMPLETED and never have been requeued."""
-
-    async def ended() -> Job | None:
-        job = await e.slurm.get_job(job_id)
-        return job if job.is_finished else None
-
-    job = await wait_for(ended, timeout=timeout, interval=0.5, what=f"job {job_id} finished")
-    assert job.state == ["COMPLETED"], f"job {job_id} ended {job.state} ({job.state_reason})"
-    assert int(job.raw.get("restart_cnt") or 0) == 0, f"job {job_id} was requeued"
-    return job
+    return await completed_once(e.slurm, job_id, timeout)
 
 
 async def nodeset_condition(e: Env, name: str, type_: str, reason: str) -> JSON:

@@ -129,7 +129,7 @@ async def test_scale_in_drains_idle_first_and_waits_for_the_running_job(env: Env
     await wait_for(
         lambda: gone(lambda: env.slurm_node(busy)), timeout=5, what="Slurm node record gone"
     )
-    assert (await env.job_state(job)) == ["COMPLETED"]
+    await env.completed_once(job)
 
 
 async def _empty(env: Env, name: str) -> bool:
@@ -217,7 +217,7 @@ async def test_rolling_update_one_at_a_time_without_killing_jobs(env: Env) -> No
     await wait_for(converged, timeout=150, interval=0.2, what="every pod on the new revision")
     assert worst <= 1, f"{worst} pods unavailable at once"
     for j in jobs:
-        assert (await env.job_state(j)) == ["COMPLETED"], f"job {j} was not killed"
+        await env.completed_once(j)  # not killed, not requeued
     await wait_idle_nodes(env, "roll", 3)
     new_rev = (await env.nodeset("roll"))["status"]["updateRevision"]
     seen: list[str] = []
@@ -390,7 +390,7 @@ async def test_no_pod_is_deleted_while_slurmrestd_is_down(env: Env) -> None:
     await wait_for(
         lambda: _empty(env, "outage"), timeout=40, what="pod deleted after slurmrestd returned"
     )
-    assert (await env.job_state(job)) == ["COMPLETED"]
+    await env.completed_once(job)
 
 
 async def test_operator_killed_mid_scale_in_converges_after_restart(env: Env) -> None:
@@ -413,7 +413,7 @@ async def test_operator_killed_mid_scale_in_converges_after_restart(env: Env) ->
     await env.operator.restart()
     await wait_for(lambda: _empty(env, "crash"), timeout=60, what="converged after restart")
     assert await env.slurm_node(busy) is None
-    assert (await env.job_state(job)) == ["COMPLETED"]
+    await env.completed_once(job)
 
     async def status_zero() -> bool:
         st = (await env.nodeset("crash")).get("status") or {}

@@ -30,15 +30,7 @@ JSON = dict[str, Any]
 
 
 async def completed_once(env: Env, job_id: int, timeout: float = 60) -> None:
-    """The job ends COMPLETED and was never requeued."""
-
-    async def done() -> bool:
-        return "COMPLETED" in await env.job_state(job_id)
-
-    await wait_for(done, timeout=timeout, what=f"job {job_id} COMPLETED")
-    job = await env.slurm.get_job(job_id)
-    assert job.state == ["COMPLETED"], job.state
-    assert int(job.raw.get("restart_cnt") or 0) == 0, f"job {job_id} was requeued"
+    await env.completed_once(job_id, timeout)
 
 
 async def nodeset_gone(env: Env, name: str, namespace: str | None = None) -> bool:
