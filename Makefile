@@ -6,6 +6,9 @@ BIN := $(VENV)/bin
 LOCK := requirements.lock
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml testbed/pyproject.toml $(LOCK) | sha1sum | cut -c1-12)
 PIP := $(BIN)/pip install -q --disable-pip-version-check
+UV_INSTALL := $(BIN)/uv pip install --quiet --python $(BIN)/python
+export UV_CACHE_DIR ?= $(HOME)/.cache/slinky/uv
+export MYPY_CACHE_DIR ?= $(HOME)/.cache/slinky/mypy
 DEV_DIR ?= $(HOME)/.cache/slinky/testbeds/dev
 PYTEST_ARGS ?=
 
@@ -15,11 +18,15 @@ all: test
 
 # Dependencies come only from the lock file, each checked against its hash; the two local
 # distributions are installed editable on top, without resolving anything again.
+# uv (itself pinned with hashes in the lock) does the install: seconds from its cache under
+# ~/.cache/slinky/uv, where pip needs minutes for a fresh clone.
 $(STAMP): pyproject.toml testbed/pyproject.toml $(LOCK)
 	rm -f $(VENV)/.installed-*
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) --require-hashes -r $(LOCK)
-	$(PIP) --no-deps -e . -e ./testbed
+	sed -n '/^uv==/,/^[^ ]/{/^uv==/p;/^ /p}' $(LOCK) > $(VENV)/uv.lock
+	$(PIP) --require-hashes -r $(VENV)/uv.lock
+	$(UV_INSTALL) --require-hashes -r $(LOCK)
+	$(UV_INSTALL) --no-deps -e . -e ./testbed
 	touch $@
 
 venv: $(STAMP)
