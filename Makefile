@@ -11,6 +11,8 @@ export UV_CACHE_DIR ?= $(HOME)/.cache/slinky/uv
 export MYPY_CACHE_DIR ?= $(HOME)/.cache/slinky/mypy
 DEV_DIR ?= $(HOME)/.cache/slinky/testbeds/dev
 PYTEST_ARGS ?=
+# Two workers, each with its own test bed: the e2e tests mostly wait on Slurm and kubelets.
+PYTEST_XDIST ?= -n 2 --dist worksteal
 
 .PHONY: all venv lock testbed-build images lint fmt typecheck unit e2e test dev dev-down dev-env bench crds clean
 
@@ -67,11 +69,11 @@ unit: venv
 	$(BIN)/pytest -q tests/unit $(PYTEST_ARGS)
 
 e2e: images
-	$(BIN)/pytest -q tests/e2e $(PYTEST_ARGS)
+	$(BIN)/pytest -q tests/e2e $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 ## Everything: install, build/cache the test bed, lint + types, unit and end-to-end tests.
 test: images lint
-	$(BIN)/pytest -q tests $(PYTEST_ARGS)
+	$(BIN)/pytest -q tests $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 ## A local control plane + Slurm that stays up; poke it with kubectl, sinfo, squeue.
 dev: images

@@ -200,21 +200,24 @@ class Testbed:
         )
         state.kwok_nodes = [f"kwok-{i}" for i in range(kwok_nodes)]
         state.real_nodes = [nodes.node_name(i) for i in range(real_nodes)]
-        if real_nodes:
-            state.node_octet = nodes.pick_octet(self.names(state))
-        self.save(state)
-        self._write_kubeconfig(state)
-        slurmconf.write_slurm_config(
-            self.root,
-            ctld_port=state.ports["slurmctld"],
-            slurmd_port=state.ports["slurmd"],
-            ctld_addr=self.names(state).host_ip if real_nodes else None,
-        )
-        state.slurm_token = self.mint_slurm_token()
-
         try:
-            if real_nodes:
-                nodes.setup_network(self.names(state), real_nodes)
+            # Test beds starting side by side (pytest-xdist workers) take turns from picking a
+            # free subnet until it is in use, so two never pick the same one.
+            with contextlib.ExitStack() as net_claim:
+                if real_nodes:
+                    net_claim.enter_context(nodes.network_lock())
+                    state.node_octet = nodes.pick_octet(self.names(state))
+                self.save(state)
+                self._write_kubeconfig(state)
+                slurmconf.write_slurm_config(
+                    self.root,
+                    ctld_port=state.ports["slurmctld"],
+                    slurmd_port=state.ports["slurmd"],
+                    ctld_addr=self.names(state).host_ip if real_nodes else None,
+                )
+                state.slurm_token = self.mint_slurm_token()
+                if real_nodes:
+                    nodes.setup_network(self.names(state), real_nodes)
             self._start_etcd(state)
             self._start_slurmctld(state)
             self._wait(

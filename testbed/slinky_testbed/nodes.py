@@ -14,6 +14,7 @@ finds what a killed run left behind: by PID from our own cgroups, never by proce
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import ipaddress
 import json
@@ -242,6 +243,16 @@ def cleanup(names: Names, nodes_dir: Path, *, log: Callable[[str], None]) -> Non
 
 
 # ---------------------------------------------------------------- network
+
+
+@contextlib.contextmanager
+def network_lock() -> Iterator[None]:
+    """Held while a test bed picks its 10.X.0.0/16 and sets it up (one host-wide lock file)."""
+    path = paths.cache_dir() / "testbeds" / ".network.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
 
 
 def pick_octet(names: Names) -> int:

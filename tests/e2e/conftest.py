@@ -5,18 +5,17 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import pytest
 
 from slinky.kube import rest
-from slinky_testbed import paths
 from slinky_testbed.bed import Testbed
 from slinky_testbed.slurmrest import SlurmRest
 from slinky_testbed.waiting import wait_for
 from tests.e2e.bridge_fixtures import bridge, bridge_env
 from tests.e2e.nodeset_fixtures import env
 from tests.e2e.operator_fixtures import crds, operator, operator_session
+from tests.e2e.workers import testbed_dir
 
 pytestmark = pytest.mark.e2e
 SERVICE_ACCOUNTS = rest.Resource("", "v1", "serviceaccounts", "ServiceAccount")
@@ -37,9 +36,7 @@ def _all_running(bed: Testbed) -> bool:
 def testbed() -> Iterator[Testbed]:
     """The session's test bed. With SLINKY_TESTBED_REUSE=1 a running one is reused and left
     running; otherwise it is started here and stopped at the end."""
-    bed = Testbed(
-        Path(os.environ.get("SLINKY_E2E_TESTBED_DIR", paths.cache_dir() / "testbeds" / "e2e"))
-    )
+    bed = Testbed(testbed_dir("SLINKY_E2E_TESTBED_DIR", "e2e"))
     reuse = os.environ.get("SLINKY_TESTBED_REUSE") == "1"
     if reuse and _all_running(bed):
         yield bed
