@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 
 from slinky.bridge.labels import (
@@ -66,10 +67,12 @@ async def drained_but_kept(env: BridgeEnv, name: str, job: int) -> None:
     )
     assert node is not None and node.reason.startswith("slurm-bridge: "), node
     # The bridge re-checks a drained busy node on every Slurm change and every few seconds;
-    # give it several of those chances to do the wrong thing.
-    await asyncio.sleep(3)
-    assert await env.slurm_node(name) is not None, "slurm node removed under a running job"
-    assert await job_state(env, job) == ["RUNNING"], "the bridge ended the placeholder job"
+    # watch over several of those chances to do the wrong thing (a bounded window).
+    observe_until = time.monotonic() + 3
+    while time.monotonic() < observe_until:
+        assert await env.slurm_node(name) is not None, "slurm node removed under a running job"
+        assert await job_state(env, job) == ["RUNNING"], "the bridge ended the placeholder job"
+        await asyncio.sleep(0.3)
 
 
 async def test_labelling_a_node_registers_it_in_slurm_as_external(bridge: BridgeEnv) -> None:

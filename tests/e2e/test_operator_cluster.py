@@ -57,7 +57,7 @@ async def test_cluster_with_token_becomes_ready_and_kubectl_shows_columns(
         cluster("slurm", testbed.slurm_rest_url, token={"secretRef": "slurm-token"}),
         namespace,
     )
-    obj = await wait_reason(kube, namespace, "slurm", "Connected", timeout=15)
+    obj = await wait_reason(kube, namespace, "slurm", "Connected", timeout=30)
     st = obj["status"]
     assert st["isReady"] is True and st["slurmVersion"] == "26.05.5"
     assert st["apiVersion"] == "v0.0.45" and st["lastPingTime"]

@@ -86,6 +86,7 @@ class Blackhole:
         self.cut = asyncio.Event()
         self.server: asyncio.Server | None = None
         self.port = 0
+        self.connections: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         # Same address as the apiserver, so its serving certificate still matches.
@@ -101,6 +102,10 @@ class Blackhole:
                 await writer.drain()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:  # cancelled at stop(): a cut connection hangs until then
+            self.connections.add(task)
+            task.add_done_callback(self.connections.discard)
         if self.cut.is_set():
             await asyncio.Event().wait()
         up_reader, up_writer = await asyncio.open_connection(*self.target)
@@ -109,6 +114,9 @@ class Blackhole:
     async def stop(self) -> None:
         if self.server:
             self.server.close()
+        for task in list(self.connections):
+            task.cancel()
+        await asyncio.gather(*self.connections, return_exceptions=True)
 
 
 def first_time(log: Path, text: str) -> dt.datetime | None:
