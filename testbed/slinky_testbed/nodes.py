@@ -273,8 +273,22 @@ def pick_octet(names: Names) -> int:
     raise NodesError("no free 10.X.0.0/16 for the test bed's pod network")
 
 
+# Every kubelet (cAdvisor) and containerd holds inotify instances; Debian's default of 128
+# per user runs out with a few test beds side by side ("inotify_init: too many open files").
+INOTIFY_FLOORS = {"max_user_instances": 8192, "max_user_watches": 524288}
+
+
+def raise_inotify_limits() -> None:
+    """Raise the host's inotify limits to the floors above; never lower them."""
+    for key, floor in INOTIFY_FLOORS.items():
+        path = Path("/proc/sys/fs/inotify") / key
+        if int(path.read_text()) < floor:
+            path.write_text(str(floor))
+
+
 def setup_network(names: Names, count: int) -> None:
     """The namespace, the veth to the host, one bridge per node and the service route."""
+    raise_inotify_limits()
     ns = names.netns
     _run("ip", "netns", "add", ns)
     _run("ip", "-n", ns, "link", "set", "lo", "up")
