@@ -15,7 +15,7 @@ from slinky_testbed.waiting import wait_for
 from tests.e2e.bridge_fixtures import bridge, bridge_env
 from tests.e2e.nodeset_fixtures import env
 from tests.e2e.operator_fixtures import crds, operator, operator_session
-from tests.e2e.workers import testbed_dir
+from tests.e2e.workers import worker_bed_dir
 
 pytestmark = pytest.mark.e2e
 SERVICE_ACCOUNTS = rest.Resource("", "v1", "serviceaccounts", "ServiceAccount")
@@ -36,7 +36,7 @@ def _all_running(bed: Testbed) -> bool:
 def testbed() -> Iterator[Testbed]:
     """The session's test bed. With SLINKY_TESTBED_REUSE=1 a running one is reused and left
     running; otherwise it is started here and stopped at the end."""
-    bed = Testbed(testbed_dir("SLINKY_E2E_TESTBED_DIR", "e2e"))
+    bed = Testbed(worker_bed_dir("SLINKY_E2E_TESTBED_DIR", "e2e"))
     reuse = os.environ.get("SLINKY_TESTBED_REUSE") == "1"
     if reuse and _all_running(bed):
         yield bed

@@ -18,7 +18,7 @@ from slinky.slurm.tokens import MintedToken
 from slinky_testbed import nodes
 from slinky_testbed.bed import Testbed
 from slinky_testbed.waiting import wait_for
-from tests.e2e.workers import testbed_dir
+from tests.e2e.workers import worker_bed_dir
 
 pytestmark = pytest.mark.e2e
 
@@ -327,7 +327,7 @@ async def test_teardown_leaves_nothing_and_a_killed_test_bed_is_recovered_by_up(
 ) -> None:
     """A second test bed beside the session's picks its own names and subnets; SIGKILL of all
     its processes (a crashed run) is cleaned up by the next `up`; `down` leaves nothing."""
-    bed = Testbed(testbed_dir("SLINKY_E2E_SECOND_DIR", "e2e-2"))
+    bed = Testbed(worker_bed_dir("SLINKY_E2E_SECOND_DIR", "e2e-2"))
     if bed.status_lines(only_running=True):
         bed.down(log=print)
     bed.up(real_nodes=1, log=print)

@@ -8,7 +8,7 @@ from pathlib import Path
 from slinky_testbed import paths
 
 
-def testbed_dir(env_var: str, name: str) -> Path:
+def worker_bed_dir(env_var: str, name: str) -> Path:
     """`$env_var`, else `~/.cache/slinky/testbeds/<name>`; suffixed with the xdist worker's id
     (`-gw1`) when the run is split across workers."""
     base = Path(os.environ.get(env_var, paths.cache_dir() / "testbeds" / name))
