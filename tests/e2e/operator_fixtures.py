@@ -257,6 +257,11 @@ async def operator(operator_session: OperatorProcess) -> OperatorProcess:
     kubelet would restart its pod), so one apiserver restart does not fail every later test."""
     if operator_session.lost_leadership():
         await operator_session.restart()
+    elif operator_session.proc.poll() is not None:
+        raise AssertionError(
+            f"the session operator exited {operator_session.proc.returncode}:\n"
+            + operator_session.log_tail()
+        )
     return operator_session
 
 
