@@ -255,6 +255,28 @@ def network_lock() -> Iterator[None]:
         yield
 
 
+# Kubelets bind this path whatever their --root-dir; see Testbed._start_kubelet.
+DEVICE_PLUGIN_SOCKET = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
+DEVICE_PLUGIN_RACE = "device-plugins/kubelet.sock: bind: address already in use"
+
+
+@contextlib.contextmanager
+def kubelet_start_lock() -> Iterator[None]:
+    """Held while one kubelet of any test bed on the host starts."""
+    path = paths.cache_dir() / "testbeds" / ".kubelet-start.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def device_plugin_socket_mtime() -> int | None:
+    try:
+        return DEVICE_PLUGIN_SOCKET.stat().st_mtime_ns
+    except FileNotFoundError:
+        return None
+
+
 def pick_octet(names: Names) -> int:
     """The second octet of a 10.X.0.0/16 no route or address of this host uses yet, starting
     from one derived from the test bed's name so the same test bed usually gets the same."""
