@@ -49,6 +49,10 @@ class BackgroundLoop:
     def healthy(self) -> bool:
         return self.failure is None
 
+    @property
+    def started(self) -> bool:
+        return self._task is not None
+
     def start(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._supervise(), name=self.task_name())

@@ -11,7 +11,7 @@ import pytest
 
 from slinky.kube import rest
 from slinky.kube.informer import Handler, InformerFactory, NamedInformers, NotSynced
-from slinky.operator.cluster.controller import secrets_of_cluster
+from slinky.operator.cluster.controller import secrets_of_cluster, secrets_to_cache
 from slinky_testbed.waiting import wait_for
 
 JSON = dict[str, Any]
@@ -102,7 +102,16 @@ def test_a_cluster_names_its_token_and_its_jwt_key_secret() -> None:
         "spec": {"token": {"secretRef": "tok"}, "jwtKeyRef": {"name": "jwt"}},
     }
     assert secrets_of_cluster(obj) == ["a/tok", "a/jwt"]
+    assert secrets_to_cache(obj) == ["a/tok", "a/jwt"]
     assert secrets_of_cluster({"metadata": {"namespace": "a", "name": "c"}, "spec": {}}) == []
+
+
+def test_a_cluster_being_deleted_keeps_no_secret_cached() -> None:
+    obj = {
+        "metadata": {"namespace": "a", "name": "c", "deletionTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"token": {"secretRef": "tok"}},
+    }
+    assert secrets_to_cache(obj) == [], "its finalizer needs no credentials"
 
 
 async def test_running_informers_list_and_watch_by_name_and_stop_with_the_last_reference() -> None:

@@ -353,7 +353,7 @@ class NamedInformers:
         return inf
 
     def _drop(self, inf: Informer) -> None:
-        if not self._running:
+        if not inf.started:
             return
         # Called from event handlers, which must not block: the stop finishes on its own.
         task = asyncio.create_task(inf.stop(), name=f"stop {inf.task_name()}")

@@ -33,6 +33,14 @@ def secrets_of_cluster(obj: JSON) -> list[str]:
     return [f"{ns}/{n}" for n in names if n]
 
 
+def secrets_to_cache(obj: JSON) -> list[str]:
+    """The Secrets to keep cached for a Cluster: none once it is being deleted (its finalizer
+    needs no credentials, and its namespace's grant may already be gone)."""
+    if obj["metadata"].get("deletionTimestamp"):
+        return []
+    return secrets_of_cluster(obj)
+
+
 def build(
     kube: rest.Kube,
     factory: InformerFactory,
@@ -46,7 +54,7 @@ def build(
     secrets = factory.named(rest.SECRETS)
 
     def hold(obj: JSON) -> None:
-        secrets.hold(key_of(obj), secrets_of_cluster(obj))
+        secrets.hold(key_of(obj), secrets_to_cache(obj))
 
     # On every replica, leader or not: the caches follow the Clusters' references.
     clusters.add_handler(
