@@ -10,7 +10,7 @@ from typing import Any, cast
 import pytest
 
 from slinky.kube import rest
-from slinky.kube.informer import Handler, InformerFactory, NamedInformers, NotSynced
+from slinky.kube.informer import Handler, Informer, InformerFactory, NamedInformers, NotSynced
 from slinky.operator.cluster.controller import secrets_of_cluster, secrets_to_cache
 from slinky_testbed.waiting import wait_for
 
@@ -25,6 +25,7 @@ class FakeKube:
         self.lists: list[tuple[str | None, str | None]] = []
         self.watching: set[str] = set()
         self.forbidden: set[str] = set()
+        self.bookmark = asyncio.Event()  # set: every open watch sends one bookmark
 
     async def list(self, res: rest.Resource, namespace: str | None, *, params: JSON) -> JSON:
         selector = params.get("fieldSelector")
@@ -42,10 +43,12 @@ class FakeKube:
         key = f"{namespace}/{str(params['fieldSelector']).removeprefix('metadata.name=')}"
         self.watching.add(key)
         try:
-            await asyncio.Event().wait()
+            while True:
+                await self.bookmark.wait()
+                self.bookmark.clear()
+                yield {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "2"}}}
         finally:
             self.watching.discard(key)
-        yield {}  # pragma: no cover - never reached; makes this an async generator
 
 
 def secret(ns: str, name: str) -> JSON:
@@ -173,3 +176,23 @@ async def test_a_forbidden_secret_says_why_and_keeps_retrying() -> None:
 
     await wait_for(readable, timeout=10, interval=0.02, what="read once granted")
     await named.stop()
+
+
+async def test_an_informer_stopped_just_as_an_event_arrives_stops() -> None:
+    # When the Secret and its last Cluster go together (a namespace deleted), the watch event
+    # and the stop land in the same loop turn; the stop must not be swallowed.
+    kube = FakeKube(secret("a", "tok"))
+    inf = Informer(
+        cast(rest.Kube, kube), rest.SECRETS, namespace="a", field_selector="metadata.name=tok"
+    )
+    inf.start()
+
+    async def watching() -> bool:
+        return kube.watching == {"a/tok"}
+
+    await wait_for(watching, timeout=5, interval=0.01, what="watching")
+    kube.bookmark.set()
+    stopping = asyncio.create_task(inf.stop())
+    done, _ = await asyncio.wait([stopping], timeout=5)  # never cancels what it waits for
+    assert done, "the informer kept watching after it was stopped"
+    assert kube.watching == set()

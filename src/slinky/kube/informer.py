@@ -195,7 +195,11 @@ class Informer(BackgroundLoop):
         try:
             while True:
                 try:
-                    event = await asyncio.wait_for(stream.__anext__(), self.silence_timeout)
+                    # Not asyncio.wait_for: on Python 3.11 it returns the event instead of
+                    # raising when a stop() lands in the same loop turn as the event, and the
+                    # informer would watch on, unstoppable.
+                    async with asyncio.timeout(self.silence_timeout):
+                        event = await stream.__anext__()
                 except StopAsyncIteration:
                     return
                 except TimeoutError:
