@@ -8,7 +8,6 @@ silently stopped moving."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 
@@ -49,6 +48,10 @@ class BackgroundLoop:
     def healthy(self) -> bool:
         return self.failure is None
 
+    @property
+    def started(self) -> bool:
+        return self._task is not None
+
     def start(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._supervise(), name=self.task_name())
@@ -71,7 +74,8 @@ class BackgroundLoop:
 
     async def stop(self) -> None:
         if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+            task, self._task = self._task, None
+            task.cancel()
+            # asyncio.wait: the loop's own CancelledError stays inside, while a cancel of
+            # the caller still reaches the caller (suppressing it here would swallow both).
+            await asyncio.wait([task])

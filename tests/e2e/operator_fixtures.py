@@ -1,5 +1,6 @@
 """Fixtures for operator tests: CRDs installed, and the operator running as a process with a
-ServiceAccount token bound to config/rbac (not as cluster admin)."""
+ServiceAccount token bound to config/rbac (not as cluster admin), plus, in each test's
+namespace, the Secrets grant an admin makes for a namespace holding Clusters."""
 
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ from tests.e2e.autoscale_fixtures import install_metrics_api, metrics_api_args
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR_NS = "slinky-system"
+OPERATOR_SA = f"system:serviceaccount:{OPERATOR_NS}:slurm-operator"
+SECRETS_ROLE = "slurm-operator-secrets"
+# Namespaces where a test withholds a grant on purpose: the operator's 403s there are expected.
+DENIALS_EXPECTED_IN: set[str] = set()
 RBAC = rest.Resource(
     "rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False
 )
@@ -109,28 +114,77 @@ class OperatorProcess:
         return self.proc.poll() == 1 and "lost leadership; exiting" in self.log_tail(5)
 
 
-async def wait_rbac_effective(kube: rest.Kube, verb: str, group: str, resource: str) -> None:
-    """Wait until the apiserver's authorizer has caught up with the RBAC objects just applied,
-    so the operator does not start into a moment of 403s."""
-    user = f"system:serviceaccount:{OPERATOR_NS}:slurm-operator"
-
-    async def allowed() -> bool:
-        review = await kube.request(
-            "POST",
-            "/apis/authorization.k8s.io/v1/subjectaccessreviews",
-            body={
-                "apiVersion": "authorization.k8s.io/v1",
-                "kind": "SubjectAccessReview",
-                "spec": {
-                    "user": user,
-                    "groups": ["system:serviceaccounts", f"system:serviceaccounts:{OPERATOR_NS}"],
-                    "resourceAttributes": {"verb": verb, "group": group, "resource": resource},
-                },
+async def operator_may(
+    kube: rest.Kube,
+    verb: str,
+    group: str,
+    resource: str,
+    *,
+    namespace: str | None = None,
+    name: str | None = None,
+) -> bool:
+    """Whether the apiserver lets the operator's ServiceAccount do this (SubjectAccessReview)."""
+    attributes = {"verb": verb, "group": group, "resource": resource}
+    if namespace:
+        attributes["namespace"] = namespace
+    if name:
+        attributes["name"] = name
+    review = await kube.request(
+        "POST",
+        "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+        body={
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": OPERATOR_SA,
+                "groups": ["system:serviceaccounts", f"system:serviceaccounts:{OPERATOR_NS}"],
+                "resourceAttributes": attributes,
             },
-        )
-        return bool((review.get("status") or {}).get("allowed"))
+        },
+    )
+    return bool((review.get("status") or {}).get("allowed"))
 
-    await wait_for(allowed, timeout=30, what=f"RBAC lets {user} {verb} {resource}")
+
+async def wait_rbac_effective(
+    kube: rest.Kube,
+    verb: str,
+    group: str,
+    resource: str,
+    *,
+    namespace: str | None = None,
+    name: str | None = None,
+    allowed: bool = True,
+) -> None:
+    """Wait until the apiserver's authorizer has caught up with the RBAC objects just applied
+    (or deleted), so the operator does not run into a moment of 403s."""
+
+    async def effective() -> bool:
+        got = await operator_may(kube, verb, group, resource, namespace=namespace, name=name)
+        return got == allowed
+
+    scope = f" {namespace}/{name or '*'}" if namespace else ""
+    what = f"RBAC {'lets' if allowed else 'forbids'} {OPERATOR_SA} {verb} {resource}{scope}"
+    await wait_for(effective, timeout=30, what=what)
+
+
+async def grant_secrets(kube: rest.Kube, namespace: str) -> None:
+    """What an admin does for a namespace holding Clusters (README): bind the operator's
+    Secrets role there."""
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": SECRETS_ROLE, "namespace": namespace},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": SECRETS_ROLE,
+        },
+        "subjects": [
+            {"kind": "ServiceAccount", "name": "slurm-operator", "namespace": OPERATOR_NS}
+        ],
+    }
+    await kube.apply(RBAC_RES["RoleBinding"], binding, field_manager="slinky-e2e")
+    await wait_rbac_effective(kube, "watch", "", "secrets", namespace=namespace)
 
 
 async def operator_kubeconfig(kube: rest.Kube, testbed: Testbed, path: Path) -> Path:
@@ -140,10 +194,14 @@ async def operator_kubeconfig(kube: rest.Kube, testbed: Testbed, path: Path) -> 
     except rest.ApiError as e:
         if not e.conflict:
             raise
-    for f in ("role.yaml", "leader_election_role.yaml", "service_account.yaml"):
+    for f in (
+        "role.yaml",
+        "secrets_role.yaml",
+        "leader_election_role.yaml",
+        "service_account.yaml",
+    ):
         await apply_file(kube, REPO / "config" / "rbac" / f)
     await wait_rbac_effective(kube, "watch", "slinky.slurm.net", "nodesets")
-    await wait_rbac_effective(kube, "watch", "", "secrets")
     sa = RBAC_RES["ServiceAccount"]
     tr = await kube.request(
         "POST",
@@ -236,6 +294,7 @@ async def operator_session(
         if 'User "system:serviceaccount:' in line
         and "cannot" in line
         and not soon_after(line, restarts, window_s=60)
+        and not any(f'namespace "{ns}"' in line for ns in DENIALS_EXPECTED_IN)
     ]
     assert not denied, "operator hit RBAC denials:\n" + "\n".join(denied[:10])
 
@@ -252,9 +311,12 @@ def soon_after(line: str, moments: list[float], *, window_s: float) -> bool:
 
 
 @pytest.fixture
-async def operator(operator_session: OperatorProcess) -> OperatorProcess:
+async def operator(
+    operator_session: OperatorProcess, kube: rest.Kube, namespace: str
+) -> OperatorProcess:
     """The session's operator, started again first if it exited after losing its Lease (as the
-    kubelet would restart its pod), so one apiserver restart does not fail every later test."""
+    kubelet would restart its pod), so one apiserver restart does not fail every later test;
+    it may read the Secrets of the test's namespace, as an admin grants it (README)."""
     if operator_session.lost_leadership():
         await operator_session.restart()
     elif operator_session.proc.poll() is not None:
@@ -262,6 +324,7 @@ async def operator(operator_session: OperatorProcess) -> OperatorProcess:
             f"the session operator exited {operator_session.proc.returncode}:\n"
             + operator_session.log_tail()
         )
+    await grant_secrets(kube, namespace)
     return operator_session
 
 

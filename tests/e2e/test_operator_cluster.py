@@ -3,6 +3,7 @@ against the real apiserver and slurmrestd; and the CRDs' validation."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
 from pathlib import Path
@@ -16,7 +17,18 @@ from slinky.operator.resources import CLUSTERS, NODESETS
 from slinky_testbed import paths, procs
 from slinky_testbed.bed import Testbed
 from slinky_testbed.waiting import wait_for
-from tests.e2e.operator_fixtures import OperatorProcess, cluster, condition, secret
+from tests.e2e.operator_fixtures import (
+    DENIALS_EXPECTED_IN,
+    OPERATOR_NS,
+    RBAC_RES,
+    SECRETS_ROLE,
+    OperatorProcess,
+    cluster,
+    condition,
+    operator_may,
+    secret,
+    wait_rbac_effective,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -198,6 +210,138 @@ async def test_deleting_a_cluster_stops_its_client_and_informer(
     assert operator.metric(series) is None, "client and informer removed"
 
 
+async def grant_secrets_by_name(kube: rest.Kube, ns: str, *names: str) -> None:
+    """Replace the namespace's Secrets grant by one for `names` only (`resourceNames`; none:
+    no Secret at all), and wait until the authorizer says so."""
+    with contextlib.suppress(rest.ApiError):
+        await kube.delete(RBAC_RES["RoleBinding"], SECRETS_ROLE, ns)
+    if names:
+        role = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": "secrets-by-name", "namespace": ns},
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["secrets"],
+                    "resourceNames": list(names),
+                    "verbs": ["list", "watch"],
+                }
+            ],
+        }
+        binding = {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "secrets-by-name", "namespace": ns},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "secrets-by-name",
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": "slurm-operator", "namespace": OPERATOR_NS}
+            ],
+        }
+        await kube.create(RBAC_RES["Role"], role, ns)
+        await kube.create(RBAC_RES["RoleBinding"], binding, ns)
+        await wait_rbac_effective(kube, "watch", "", "secrets", namespace=ns, name=names[0])
+    await wait_rbac_effective(kube, "list", "", "secrets", namespace=ns, allowed=False)
+
+
+def cached_secrets(operator: OperatorProcess, ns: str) -> float | None:
+    return operator.metric(f'slinky_informer_objects{{namespace="{ns}",resource="secrets"}}')
+
+
+async def wait_cluster_gone(kube: rest.Kube, ns: str, name: str) -> None:
+    async def gone() -> bool:
+        try:
+            await get_cluster(kube, ns, name)
+        except rest.ApiError as e:
+            return e.not_found
+        return False
+
+    await wait_for(gone, timeout=20, what=f"Cluster {name} gone (finalizer released)")
+
+
+async def test_the_operator_reads_only_the_secrets_clusters_reference(
+    kube: rest.Kube, testbed: Testbed, operator: OperatorProcess, namespace: str
+) -> None:
+    # The operator may list and watch Secret "tok" of this namespace, and no other Secret.
+    await grant_secrets_by_name(kube, namespace, "tok")
+    assert not await operator_may(kube, "list", "", "secrets"), "no cluster-wide Secret list"
+    for name in ("unrelated-1", "unrelated-2"):
+        await kube.create(rest.SECRETS, secret(name, **{"auth-token": "x"}), namespace)
+    await kube.create(
+        rest.SECRETS, secret("tok", **{"auth-token": testbed.mint_slurm_token()}), namespace
+    )
+    for name in ("a", "b"):
+        await kube.create(
+            CLUSTERS, cluster(name, testbed.slurm_rest_url, token={"secretRef": "tok"}), namespace
+        )
+    for name in ("a", "b"):
+        await wait_reason(kube, namespace, name, "Connected", timeout=15)
+    assert cached_secrets(operator, namespace) == 1, "only tok; unrelated Secrets never cached"
+    assert operator.metric('slinky_informer_objects{namespace="",resource="secrets"}') is None
+
+    # A change to the Secret still reaches every Cluster that names it...
+    await kube.patch(rest.SECRETS, "tok", secret("tok", **{"auth-token": bad_token()}), namespace)
+    for name in ("a", "b"):
+        await wait_reason(kube, namespace, name, "Unauthorized")
+    # ...and the cache lives as long as one of them does.
+    await kube.delete(CLUSTERS, "a", namespace)
+    await wait_cluster_gone(kube, namespace, "a")
+    await kube.patch(
+        rest.SECRETS, "tok", secret("tok", **{"auth-token": testbed.mint_slurm_token()}), namespace
+    )
+    await wait_reason(kube, namespace, "b", "Connected")
+    assert cached_secrets(operator, namespace) == 1
+    await kube.delete(CLUSTERS, "b", namespace)
+    await wait_cluster_gone(kube, namespace, "b")
+
+    async def uncached() -> bool:
+        return cached_secrets(operator, namespace) is None
+
+    await wait_for(uncached, timeout=10, what="tok's informer stopped with its last Cluster")
+
+
+async def test_a_secret_created_after_its_cluster_makes_it_ready(
+    kube: rest.Kube, testbed: Testbed, operator: OperatorProcess, namespace: str
+) -> None:
+    await grant_secrets_by_name(kube, namespace, "late-key")
+    await kube.create(
+        CLUSTERS,
+        cluster("late", testbed.slurm_rest_url, username="root", jwtKeyRef={"name": "late-key"}),
+        namespace,
+    )
+    obj = await wait_reason(kube, namespace, "late", "SecretNotFound")
+    assert f"Secret {namespace}/late-key" in condition(obj)["message"]
+    pid = operator.proc.pid
+    key = testbed.jwt_key_path.read_bytes()
+    await kube.create(rest.SECRETS, secret("late-key", **{"jwt_hs256.key": key}), namespace)
+    await wait_reason(kube, namespace, "late", "Connected", timeout=10)
+    assert operator.proc.pid == pid and operator.proc.poll() is None, "no restart needed"
+
+
+async def test_a_secret_the_operator_may_not_read_says_which_grant_is_missing(
+    kube: rest.Kube, testbed: Testbed, operator: OperatorProcess, namespace: str
+) -> None:
+    DENIALS_EXPECTED_IN.add(namespace)
+    await grant_secrets_by_name(kube, namespace)  # the admin forgot this namespace
+    await kube.create(
+        rest.SECRETS, secret("tok", **{"auth-token": testbed.mint_slurm_token()}), namespace
+    )
+    await kube.create(
+        CLUSTERS, cluster("c", testbed.slurm_rest_url, token={"secretRef": "tok"}), namespace
+    )
+    obj = await wait_reason(kube, namespace, "c", "SecretNotReadable")
+    message = condition(obj)["message"]
+    assert f"Secret {namespace}/tok" in message and "forbidden" in message, message
+    assert f"slurm-operator-secrets in namespace {namespace}" in message, message
+
+    await grant_secrets_by_name(kube, namespace, "tok")  # granted: picked up without a restart
+    await wait_reason(kube, namespace, "c", "Connected", timeout=45)
+
+
 def nodeset(name: str, **spec: Any) -> JSON:
     base: JSON = {
         "clusterName": "slurm",
@@ -258,6 +402,9 @@ async def test_invalid_custom_resources_are_rejected_naming_the_field(
 async def test_upstream_v1alpha1_manifest_applies_unchanged(
     testbed: Testbed, crds: None, namespace: str
 ) -> None:
+    # The session's operator may be running and see these Clusters, but nobody granted it
+    # this namespace's Secrets: its 403s here are expected.
+    DENIALS_EXPECTED_IN.add(namespace)
     manifest = Path(__file__).parent / "data" / "upstream-v1alpha1.yaml"
     out = subprocess.run(
         [

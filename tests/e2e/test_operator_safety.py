@@ -22,7 +22,7 @@ from slinky.slurm import errors
 from slinky_testbed import procs
 from slinky_testbed.waiting import wait_for
 from tests.e2e.nodeset_fixtures import Env, nodeset_manifest, slurm_key_secret, wait_idle_nodes
-from tests.e2e.operator_fixtures import cluster, condition, secret
+from tests.e2e.operator_fixtures import cluster, condition, grant_secrets, secret
 
 pytestmark = pytest.mark.e2e
 
@@ -126,6 +126,7 @@ async def other_namespace(env: Env, prefix: str) -> AsyncIterator[str]:
     ns = f"{prefix}-{uuid.uuid4().hex[:6]}"
     await env.kube.create(rest.NAMESPACES, {"metadata": {"name": ns}})
     try:
+        await grant_secrets(env.kube, ns)  # as an admin does for a namespace holding Clusters
         await env.kube.create(
             rest.SECRETS,
             secret("slurm-jwt", **{"jwt_hs256.key": env.testbed.jwt_key_path.read_bytes()}),

@@ -11,6 +11,9 @@ Semantics follow client-go's reflector:
   so no handler misses a deletion;
 - connection errors back off exponentially and never drop the cache: reconcilers keep reading
   the last known state while the apiserver restarts.
+
+`NamedInformers` caches single objects by name, each for as long as something references it
+(the Secrets that Clusters name), so the process needs no right to list the others.
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import httpx2
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from slinky.background import BackgroundLoop, Backoff
 from slinky.kube import rest
@@ -78,11 +83,14 @@ class Informer(BackgroundLoop):
         self.resource_version = ""
         self.relists = 0
         self.reconnects = 0
+        self.last_error: str | None = None  # why the last list or watch failed, until one works
         self._handlers: list[Handler] = []
         self._synced = asyncio.Event()
 
     def __repr__(self) -> str:
         scope = f" ns={self.namespace}" if self.namespace else ""
+        if self.field_selector:
+            scope += f" {self.field_selector}"
         return f"<Informer {self.res.plural}{scope} rv={self.resource_version}>"
 
     # ------------------------------------------------------------ subscribers
@@ -122,12 +130,14 @@ class Informer(BackgroundLoop):
                     )
                     self.resource_version = ""
                     continue
+                self.last_error = str(e)
                 delay = self.backoff.next()
                 log.warning("%s: %s; retrying in %.1fs", self, e, delay)
                 await asyncio.sleep(delay)
             except WatchSilent:
                 log.debug("%s: watch silent for %.0fs; reopening", self, self.silence_timeout)
             except (httpx2.HTTPError, OSError, ValueError) as e:
+                self.last_error = f"connection problem: {e}"
                 delay = self.backoff.next()
                 log.warning("%s: connection problem (%s); retrying in %.1fs", self, e, delay)
                 await asyncio.sleep(delay)
@@ -156,6 +166,7 @@ class Informer(BackgroundLoop):
         self._replace(items)
         self.resource_version = str(meta["resourceVersion"])
         self.relists += 1
+        self.last_error = None
         self._synced.set()
 
     def _replace(self, items: list[JSON]) -> None:
@@ -184,12 +195,17 @@ class Informer(BackgroundLoop):
         try:
             while True:
                 try:
-                    event = await asyncio.wait_for(stream.__anext__(), self.silence_timeout)
+                    # Not asyncio.wait_for: on Python 3.11 it returns the event instead of
+                    # raising when a stop() lands in the same loop turn as the event, and the
+                    # informer would watch on, unstoppable.
+                    async with asyncio.timeout(self.silence_timeout):
+                        event = await stream.__anext__()
                 except StopAsyncIteration:
                     return
                 except TimeoutError:
                     raise WatchSilent() from None
                 self.backoff.reset()
+                self.last_error = None
                 self._on_event(event)
         finally:
             with contextlib.suppress(Exception):
@@ -279,6 +295,106 @@ class MultiInformer:
         return sum(len(i.store) for i in self.informers)
 
 
+class NotSynced(Exception):
+    """The object's informer has not listed it yet; `error` says why, if listing failed."""
+
+    def __init__(self, key: str, error: str | None) -> None:
+        super().__init__(f"{key}: {error or 'not listed yet'}")
+        self.key = key
+        self.error = error
+
+
+class NamedInformers:
+    """One single-object informer (`fieldSelector=metadata.name=<name>`) per `namespace/name`
+    that some referrer names: started with the first reference, stopped with the last.
+
+    The cache then holds exactly the referenced objects, and RBAC can grant them per namespace
+    or per name: the apiserver authorizes a list or watch whose field selector fixes
+    `metadata.name` as a request for that name, so a Role's `resourceNames` covers it.
+    """
+
+    def __init__(self, kube: rest.Kube, res: rest.Resource, **options: Any) -> None:
+        self.kube = kube
+        self.res = res
+        self.options = options
+        self._informers: dict[str, Informer] = {}
+        self._referrers: dict[str, set[str]] = {}  # object key -> who references it
+        self._held: dict[str, set[str]] = {}  # referrer -> object keys it references
+        self._handlers: list[Handler] = []
+        self._running = False
+        self._stopping: set[asyncio.Task[None]] = set()
+
+    def hold(self, referrer: str, keys: Iterable[str]) -> None:
+        """`referrer` now references exactly `keys` (none: it let go of everything)."""
+        new = set(keys)
+        old = self._held.pop(referrer, set())
+        if new:
+            self._held[referrer] = new
+        for key in new - old:
+            self._referrers.setdefault(key, set()).add(referrer)
+            if key not in self._informers:
+                self._informers[key] = self._make(key)
+        for key in old - new:
+            referrers = self._referrers[key]
+            referrers.discard(referrer)
+            if not referrers:
+                del self._referrers[key]
+                self._drop(self._informers.pop(key))
+
+    def _make(self, key: str) -> Informer:
+        namespace, _, name = key.rpartition("/")
+        inf = Informer(
+            self.kube,
+            self.res,
+            namespace=namespace or None,
+            field_selector=f"metadata.name={name}",
+            **self.options,
+        )
+        for handler in self._handlers:
+            inf.add_handler(handler)
+        if self._running:
+            inf.start()
+        return inf
+
+    def _drop(self, inf: Informer) -> None:
+        if not inf.started:
+            return
+        # Called from event handlers, which must not block: the stop finishes on its own.
+        task = asyncio.create_task(inf.stop(), name=f"stop {inf.task_name()}")
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+
+    def get(self, key: str) -> JSON | None:
+        """The object, or None if it does not exist; NotSynced while its informer has not
+        listed it (or nothing references it)."""
+        inf = self._informers.get(key)
+        if inf is None or not inf.has_synced:
+            raise NotSynced(key, inf.last_error if inf else None)
+        return inf.store.get(key)
+
+    def add_handler(self, handler: Handler) -> None:
+        self._handlers.append(handler)
+        for inf in self._informers.values():
+            inf.add_handler(handler)
+
+    async def wait_synced(self) -> None:
+        """Nothing to wait for: each object's informer syncs on its own, and `get` says
+        whether it has. (One unreadable Secret must not hold up every other Cluster.)"""
+
+    @property
+    def informers(self) -> list[Informer]:
+        return list(self._informers.values())
+
+    def start(self) -> None:
+        self._running = True
+        for inf in self._informers.values():
+            inf.start()
+
+    async def stop(self) -> None:
+        self._running = False
+        await asyncio.gather(*self._stopping, *(i.stop() for i in self._informers.values()))
+
+
 class InformerFactory:
     """One informer per (resource, namespace, selectors), shared by every controller of a
     process: a second controller asking for pods gets the same cache, not a second watch.
@@ -301,6 +417,7 @@ class InformerFactory:
         self.namespace = self.namespaces[0]
         self.options = options
         self._informers: dict[tuple[str, str | None, str | None, str | None], Informer] = {}
+        self._named: dict[str, NamedInformers] = {}
 
     def informer(
         self,
@@ -343,20 +460,60 @@ class InformerFactory:
             for ns in namespaces
         ])  # fmt: skip
 
+    def named(self, res: rest.Resource) -> NamedInformers:
+        """The by-name informers of `res`, whichever namespaces the factory watches: what is
+        cached follows what the referrers name."""
+        key = f"{res.api_version}/{res.plural}"
+        named = self._named.get(key)
+        if named is None:
+            named = self._named[key] = NamedInformers(self.kube, res, **self.options)
+        return named
+
     @property
     def informers(self) -> list[Informer]:
-        return list(self._informers.values())
+        """Every informer running now, by-name ones included."""
+        named = [i for n in self._named.values() for i in n.informers]
+        return [*self._informers.values(), *named]
 
     def start(self) -> None:
         for inf in self._informers.values():
             inf.start()
+        for named in self._named.values():
+            named.start()
 
     async def wait_synced(self) -> None:
         await asyncio.gather(*(i.wait_synced() for i in self._informers.values()))
 
     @property
     def has_synced(self) -> bool:
+        """The shared caches synced. By-name informers do not count: one object the process
+        may not read must not keep it unready."""
         return all(i.has_synced for i in self._informers.values())
 
     async def stop(self) -> None:
-        await asyncio.gather(*(i.stop() for i in self._informers.values()))
+        await asyncio.gather(
+            *(i.stop() for i in self._informers.values()),
+            *(n.stop() for n in self._named.values()),
+        )
+
+
+class InformerObjects(Collector):
+    """`slinky_informer_objects{resource, namespace}`: how many objects the caches hold (at
+    scrape time), so what a process caches can be checked from outside."""
+
+    def __init__(self, factory: InformerFactory) -> None:
+        self.factory = factory
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        counts: dict[tuple[str, str], int] = {}
+        for inf in self.factory.informers:
+            labels = (inf.res.plural, inf.namespace or "")
+            counts[labels] = counts.get(labels, 0) + len(inf.store)
+        fam = GaugeMetricFamily(
+            "slinky_informer_objects",
+            "Objects held by the informer caches, by resource and namespace ('' for all)",
+            labels=["resource", "namespace"],
+        )
+        for labels, n in sorted(counts.items()):
+            fam.add_metric(list(labels), n)
+        yield fam

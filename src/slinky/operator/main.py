@@ -22,7 +22,7 @@ from prometheus_client import REGISTRY
 from slinky import __version__
 from slinky.kube import events, flags, logs, rest
 from slinky.kube.controller import Controller, run_all
-from slinky.kube.informer import InformerFactory
+from slinky.kube.informer import InformerFactory, InformerObjects
 from slinky.kube.leader import LeaderElector, LeadershipLost
 from slinky.kube.serving import ProbeServer
 from slinky.operator.autoscale import extapi
@@ -170,6 +170,8 @@ class Operator:
         nodesets = self.factory.shared(NODESETS)
         self.gauges = Gauges(self.metrics, nodesets.objects)
         REGISTRY.register(self.gauges)
+        self.cached = InformerObjects(self.factory)
+        REGISTRY.register(self.cached)
         if self.args.metrics_api_bind_address not in ("", "0"):
             ca = self.args.metrics_api_client_ca_file
             self.metrics_api = extapi.MetricsAPI(
@@ -273,6 +275,7 @@ class Operator:
             if self.metrics_api is not None:
                 await self.metrics_api.stop_serving()
             REGISTRY.unregister(self.gauges)
+            REGISTRY.unregister(self.cached)
             await self.server.stop()
             await self.kube.close()
         log.info("slurm-operator stopped")

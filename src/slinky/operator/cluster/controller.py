@@ -1,7 +1,9 @@
 """What the Cluster controller watches and how events become keys.
 
 - Clusters: their own key.
-- Secrets: every Cluster that references the Secret (token or JWT key), via an index.
+- Secrets: every Cluster that references the Secret (token or JWT key), via an index. Only
+  referenced Secrets are cached, each by its own by-name informer that lives as long as some
+  Cluster names it, so the operator needs no right to list Secrets cluster-wide.
 - Slurm: the cluster's informer going stale/fresh, or nodes appearing/disappearing
   (status.nodes), enqueue that Cluster.
 """
@@ -12,7 +14,7 @@ from typing import Any
 
 from slinky.kube import events, rest
 from slinky.kube.controller import Controller
-from slinky.kube.informer import InformerFactory
+from slinky.kube.informer import Handler, InformerFactory
 from slinky.kube.store import key_of
 from slinky.operator.clients import ClusterClients
 from slinky.operator.cluster.sync import ClusterSync, Options
@@ -31,6 +33,14 @@ def secrets_of_cluster(obj: JSON) -> list[str]:
     return [f"{ns}/{n}" for n in names if n]
 
 
+def secrets_to_cache(obj: JSON) -> list[str]:
+    """The Secrets to keep cached for a Cluster: none once it is being deleted (its finalizer
+    needs no credentials, and its namespace's grant may already be gone)."""
+    if obj["metadata"].get("deletionTimestamp"):
+        return []
+    return secrets_of_cluster(obj)
+
+
 def build(
     kube: rest.Kube,
     factory: InformerFactory,
@@ -41,7 +51,19 @@ def build(
     opts: Options | None = None,
 ) -> Controller:
     clusters = factory.shared(CLUSTERS, indexers={BY_SECRET: secrets_of_cluster})
-    secrets = factory.shared(rest.SECRETS)
+    secrets = factory.named(rest.SECRETS)
+
+    def hold(obj: JSON) -> None:
+        secrets.hold(key_of(obj), secrets_to_cache(obj))
+
+    # On every replica, leader or not: the caches follow the Clusters' references.
+    clusters.add_handler(
+        Handler(
+            on_add=hold,
+            on_update=lambda _old, new: hold(new),
+            on_delete=lambda obj: secrets.hold(key_of(obj), ()),
+        )
+    )
     sync = ClusterSync(
         kube, clusters=clusters, secrets=secrets, clients=clients, recorder=recorder, opts=opts
     )

@@ -2,7 +2,8 @@
 
 1. deleted? stop the Slurm informer, close the client, drop it from the map, release the
    finalizer;
-2. read the referenced Secret (a stored token, or the JWT key to mint tokens);
+2. read the referenced Secret (a stored token, or the JWT key to mint tokens) from its by-name
+   cache, which the controller starts as soon as a Cluster names it;
 3. build (or keep, or re-key) the Slurm client and its informer, and put them in the map;
 4. ping slurmctld through slurmrestd;
 5. write status: the `Ready` condition with a reason naming the cause, `isReady`, versions,
@@ -31,7 +32,7 @@ from slinky.api.v1alpha1.common import parse_duration
 from slinky.background import Backoff
 from slinky.kube import conditions, events, objects, rest
 from slinky.kube.controller import DONE, Result
-from slinky.kube.informer import MultiInformer
+from slinky.kube.informer import MultiInformer, NamedInformers, NotSynced
 from slinky.kube.store import split_key
 from slinky.operator.clients import ClusterClients, Connection
 from slinky.operator.resources import CLUSTERS, FINALIZER
@@ -44,6 +45,8 @@ log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 READY = "Ready"
+# While a just-referenced Secret's cache does its first list (milliseconds, normally).
+NOT_SYNCED_RETRY = 0.2
 
 
 class ConfigProblem(Exception):
@@ -72,7 +75,9 @@ class Options:
     max_retry_interval: float = 60.0
 
 
-def _secret_value(secrets: MultiInformer, namespace: str, name: str, key: str, field: str) -> bytes:
+def _secret_value(
+    secrets: NamedInformers, namespace: str, name: str, key: str, field: str
+) -> bytes:
     secret = secrets.get(f"{namespace}/{name}")
     if secret is None:
         raise ConfigProblem(
@@ -92,7 +97,9 @@ def _secret_value(secrets: MultiInformer, namespace: str, name: str, key: str, f
     return value
 
 
-def resolve_auth(namespace: str, cspec: ClusterSpec, secrets: MultiInformer, opts: Options) -> Auth:
+def resolve_auth(
+    namespace: str, cspec: ClusterSpec, secrets: NamedInformers, opts: Options
+) -> Auth:
     if cspec.jwt_key_ref is not None:
         ref = cspec.jwt_key_ref
         key = _secret_value(secrets, namespace, ref.name, ref.key, "spec.jwtKeyRef")
@@ -125,7 +132,7 @@ class ClusterSync:
         kube: rest.Kube,
         *,
         clusters: MultiInformer,
-        secrets: MultiInformer,
+        secrets: NamedInformers,
         clients: ClusterClients,
         recorder: events.EventRecorder,
         opts: Options | None = None,
@@ -160,6 +167,16 @@ class ClusterSync:
             return await self._not_ready(key, obj, "InvalidSpec", f"spec.pollInterval: {e}")
         except ConfigProblem as e:
             return await self._not_ready(key, obj, e.reason, e.message)
+        except NotSynced as e:
+            if e.error is None:
+                return Result(requeue_after=NOT_SYNCED_RETRY)
+            return await self._not_ready(
+                key,
+                obj,
+                "SecretNotReadable",
+                f"cannot read Secret {e.key}: {e.error}; the operator needs list and watch on "
+                f"it: bind ClusterRole slurm-operator-secrets in namespace {namespace}",
+            )
 
         conn = await self._connection(key, obj, cspec, auth, poll_interval)
         try:
