@@ -319,6 +319,13 @@ async def operator(
     it may read the Secrets of the test's namespace, as an admin grants it (README)."""
     if operator_session.lost_leadership():
         await operator_session.restart()
+        # The old Lease must expire first (up to its 20 s): tests start once this one leads.
+        await wait_for(
+            lambda: operator_session.metric("leader_election_master_status") == 1,
+            timeout=60,
+            what="the restarted session operator leads",
+            ignore=(httpx2.HTTPError,),
+        )
     elif operator_session.proc.poll() is not None:
         raise AssertionError(
             f"the session operator exited {operator_session.proc.returncode}:\n"
