@@ -111,7 +111,7 @@ class OperatorProcess:
     def lost_leadership(self) -> bool:
         """Exited because the apiserver was unreachable past the renew deadline (a test that
         restarts the apiserver does that): by design, as a pod would, to be restarted."""
-        return self.proc.poll() == 1 and "lost leadership; exiting" in self.log_tail(5)
+        return self.proc.poll() is not None and "lost leadership; exiting" in self.log_tail(5)
 
 
 async def operator_may(
