@@ -74,10 +74,11 @@ async def namespace(kube: rest.Kube, request: pytest.FixtureRequest) -> AsyncIte
     await kube.create(
         rest.NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
     )
-    # ServiceAccount admission refuses pods until the controller manager made `default`.
+    # ServiceAccount admission refuses pods until the controller manager made `default`
+    # (slower right after a test restarted the apiserver: its informers reconnect first).
     await wait_for(
         lambda: kube.get(SERVICE_ACCOUNTS, "default", name),
-        timeout=30,
+        timeout=90,
         what=f"ServiceAccount default in {name}",
         ignore=(rest.ApiError,),
     )
