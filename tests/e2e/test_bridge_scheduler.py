@@ -1,0 +1,271 @@
+"""The bridge's scheduler and workload controller against the real apiserver, real Slurm and
+a real node (kubelet + containerd) that the bridge's node controller registered in Slurm:
+Slurm places each pod through an EXTERNAL placeholder job, the kubelet runs it, and the two
+sides end together."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+
+from slinky.bridge import placeholder
+from slinky.bridge.config import parse_config
+from slinky.bridge.labels import EXTERNAL_NODE, FINALIZER, SLURM_JOBID, SLURM_NODE, SLURMJOB_PREFIX
+from slinky.bridge.nodes.registration import registered_for
+from slinky.kube import conditions, rest
+from slinky.slurm.models import Job
+from slinky_testbed import nodes
+from slinky_testbed.waiting import wait_for
+from tests.e2e.bridge_fixtures import SCHEDULER, BridgeEnv, bridge_config, wait_slurm_node
+
+JSON = dict[str, Any]
+TAINT = f"{SCHEDULER}:NoExecute"
+
+
+@pytest.fixture(scope="module")
+async def managed_node(bridge_env: BridgeEnv) -> AsyncIterator[str]:
+    """One real node of the test bed, registered in Slurm by the bridge for this module, and
+    given back (unlabelled, its Slurm node removed, untainted) afterwards."""
+    env = bridge_env
+    if env.bridge.lost_leadership():
+        await env.bridge.restart()
+    name = env.testbed.load().real_nodes[-1]
+    await env.kube.patch(rest.NODES, name, {"metadata": {"labels": {EXTERNAL_NODE: "true"}}})
+    try:
+        await wait_slurm_node(
+            env,
+            name,
+            lambda n: n is not None and registered_for(n) == name and not n.state.is_drain,
+            f"real node {name} registered in Slurm by the bridge",
+            timeout=60,
+        )
+
+        async def tainted() -> bool:
+            return await env.taint_values(name) == [TAINT]
+
+        await wait_for(tainted, timeout=30, what=f"node {name} tainted")
+        yield name
+    finally:
+        await env.kube.patch(rest.NODES, name, {"metadata": {"labels": {EXTERNAL_NODE: None}}})
+        await wait_slurm_node(env, name, lambda n: n is None, f"{name} gone from Slurm", 60)
+
+        async def untainted() -> bool:
+            return await env.taint_values(name) == []
+
+        await wait_for(untainted, timeout=30, what=f"node {name} untainted")
+
+
+def workload_pod(name: str, args: list[str], annotations: dict[str, str] | None = None) -> JSON:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations or {}},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 2,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": nodes.image_ref("slurm"),
+                    "imagePullPolicy": "IfNotPresent",
+                    "args": args,
+                    "resources": {"requests": {"cpu": "500m", "memory": "64Mi"}},
+                }
+            ],
+        },
+    }
+
+
+async def get_pod(env: BridgeEnv, name: str, ns: str) -> JSON | None:
+    try:
+        return await env.kube.get(rest.PODS, name, ns)
+    except rest.ApiError as e:
+        if e.not_found:
+            return None
+        raise
+
+
+async def pod_where(
+    env: BridgeEnv, name: str, ns: str, ok: Callable[[JSON], Any], what: str, *, timeout: float = 60
+) -> JSON:
+    async def check() -> JSON | None:
+        pod = await get_pod(env, name, ns)
+        return pod if pod is not None and ok(pod) else None
+
+    return await wait_for(check, timeout=timeout, interval=0.2, what=f"pod {name}: {what}")
+
+
+async def pod_gone(env: BridgeEnv, name: str, ns: str, timeout: float = 60) -> None:
+    async def gone() -> bool:
+        return await get_pod(env, name, ns) is None
+
+    await wait_for(gone, timeout=timeout, interval=0.2, what=f"pod {name} deleted")
+
+
+async def job_ended(env: BridgeEnv, job_id: int, timeout: float = 30) -> Job:
+    async def ended() -> Job | None:
+        job = await env.slurm.get_job(job_id)
+        return job if job.is_finished else None
+
+    return await wait_for(ended, timeout=timeout, interval=0.2, what=f"Slurm job {job_id} ended")
+
+
+def job_id(pod: JSON) -> int:
+    return int(pod["metadata"]["labels"][SLURM_JOBID])
+
+
+async def pod_events(env: BridgeEnv, name: str, ns: str, reason: str) -> list[str]:
+    items = (await env.kube.list(rest.EVENTS, ns))["items"]
+    return [
+        str(e.get("note"))
+        for e in items
+        if (e.get("regarding") or {}).get("name") == name and e.get("reason") == reason
+    ]
+
+
+async def test_a_pod_runs_where_slurm_placed_it_and_its_job_ends_when_it_exits(
+    bridge: BridgeEnv, managed_node: str
+) -> None:
+    env, ns = bridge, bridge.managed_namespace
+    name = f"runs-{uuid.uuid4().hex[:6]}"
+    await env.kube.create(rest.PODS, workload_pod(name, ["sh", "-c", "sleep 1"]), ns)
+    bound = await pod_where(
+        env, name, ns, lambda p: p["spec"].get("nodeName"), "bound to a node", timeout=60
+    )
+    job = await env.slurm.get_job(job_id(bound))
+    # Bound only where Slurm allocated the job; the pod says which job and which node.
+    assert bound["spec"]["nodeName"] == managed_node
+    assert bound["metadata"]["annotations"][SLURM_NODE] == managed_node
+    assert job.nodes == managed_node
+    assert FINALIZER in bound["metadata"]["finalizers"]
+    assert job.name == f"{ns}/{name}"
+    assert "EXTERNAL_JOB" in job.flags
+    comment = placeholder.read_comment(str(job.raw.get("admin_comment")))
+    assert comment is not None and comment.pods == {f"{ns}/{name}": bound["metadata"]["uid"]}
+    slurm_node = await env.slurm_node(managed_node)
+    assert slurm_node is not None
+    assert job.cpus == slurm_node.cpus  # the whole node: exclusive unless the pod says otherwise
+
+    done = await pod_where(
+        env, name, ns, lambda p: p["status"].get("phase") == "Succeeded", "Succeeded", timeout=90
+    )
+    ended = await job_ended(env, job.job_id)
+    # Slurm has no call that completes an EXTERNAL job, so the bridge cancels it once its
+    # pod exited; what matters is that the allocation ends with the pod, not later.
+    assert ended.state == ["CANCELLED"], ended.state
+    await pod_where(
+        env,
+        name,
+        ns,
+        lambda p: FINALIZER not in (p["metadata"].get("finalizers") or []),
+        "finalizer removed",
+        30,
+    )
+    assert done["metadata"]["labels"][SLURM_JOBID] == str(job.job_id)
+    await env.kube.delete(rest.PODS, name, ns)
+    await pod_gone(env, name, ns)
+
+
+async def test_scancel_of_the_placeholder_job_deletes_its_pod(
+    bridge: BridgeEnv, managed_node: str
+) -> None:
+    env, ns = bridge, bridge.managed_namespace
+    name = f"scancel-{uuid.uuid4().hex[:6]}"
+    await env.kube.create(rest.PODS, workload_pod(name, ["sleep", "600"]), ns)
+    running = await pod_where(
+        env, name, ns, lambda p: p["status"].get("phase") == "Running", "Running", timeout=90
+    )
+    await env.slurm.cancel_job(job_id(running))
+    await pod_gone(env, name, ns, timeout=60)
+    notes = await pod_events(env, name, ns, "SlurmJobEnded")
+    assert any("CANCELLED" in n for n in notes), notes
+
+
+async def test_deleting_a_pending_pod_cancels_its_job(bridge: BridgeEnv, managed_node: str) -> None:
+    env, ns = bridge, bridge.managed_namespace
+    name = f"pending-{uuid.uuid4().hex[:6]}"
+    # More CPUs than any node has: Slurm takes the job and keeps it pending.
+    pod = workload_pod(name, ["sleep", "600"], {SLURMJOB_PREFIX + "cpu-per-task": "64"})
+    await env.kube.create(rest.PODS, pod, ns)
+    waiting = await pod_where(
+        env,
+        name,
+        ns,
+        lambda p: (
+            conditions.find(p["status"].get("conditions"), "PodScheduled") is not None
+            and conditions.find(p["status"]["conditions"], "PodScheduled")["reason"]  # type: ignore[index]
+            == "SlurmJobPending"
+        ),
+        "PodScheduled=False SlurmJobPending",
+    )
+    job = await env.slurm.get_job(job_id(waiting))
+    assert job.is_pending
+    await env.kube.delete(rest.PODS, name, ns)
+    await pod_gone(env, name, ns)
+    assert (await job_ended(env, job.job_id)).state == ["CANCELLED"]
+
+
+async def test_a_rejected_submission_is_explained_on_the_pod(
+    bridge: BridgeEnv, managed_node: str
+) -> None:
+    env, ns = bridge, bridge.managed_namespace
+    name = f"rejected-{uuid.uuid4().hex[:6]}"
+    pod = workload_pod(name, ["sleep", "600"], {SLURMJOB_PREFIX + "partition": "no-such-part"})
+    await env.kube.create(rest.PODS, pod, ns)
+
+    def rejected(p: JSON) -> bool:
+        c = conditions.find(p["status"].get("conditions"), "PodScheduled")
+        return c is not None and c["status"] == "False" and c["reason"] == "SlurmRejected"
+
+    got = await pod_where(env, name, ns, rejected, "PodScheduled=False SlurmRejected")
+    message = conditions.find(got["status"]["conditions"], "PodScheduled")["message"]  # type: ignore[index]
+    assert "Invalid partition name specified" in message, message
+    assert got["status"]["phase"] == "Pending"
+    assert SLURM_JOBID not in (got["metadata"].get("labels") or {})
+
+    async def event() -> list[str]:
+        return await pod_events(env, name, ns, "SlurmRejected")
+
+    await wait_for(event, timeout=30, what="SlurmRejected event")
+    await env.kube.delete(rest.PODS, name, ns)
+    await pod_gone(env, name, ns)
+
+
+async def test_a_restart_after_submit_makes_no_second_job(
+    bridge: BridgeEnv, managed_node: str, namespace: str
+) -> None:
+    """The scheduler stopped right after Slurm took the job, before it labelled the pod:
+    started again, it finds the job by its admin_comment and binds the pod through it."""
+    env = bridge
+    name = f"restart-{uuid.uuid4().hex[:6]}"
+    pod = workload_pod(name, ["sleep", "600"])
+    # An unmanaged namespace (no webhook): the pod names the scheduler itself.
+    pod["spec"]["schedulerName"] = SCHEDULER
+    pod["spec"]["tolerations"] = [parse_config({}).toleration()]
+    assert env.bridge.stop() == 0
+    try:
+        created = await env.kube.create(rest.PODS, pod, namespace)
+        config = parse_config(bridge_config(env.testbed, [env.managed_namespace]))
+        first = await env.slurm.submit_job(placeholder.job_description(created, config))
+    finally:
+        await env.bridge.restart()
+    bound = await pod_where(
+        env, name, namespace, lambda p: p["spec"].get("nodeName"), "bound after the restart"
+    )
+    assert job_id(bound) == first
+    jobs, _ = await env.slurm.list_jobs()
+    for_pod = [
+        j.job_id
+        for j in jobs or []
+        if created["metadata"]["uid"] in str(j.raw.get("admin_comment") or "")
+    ]
+    assert for_pod == [first]
+    await env.kube.delete(rest.PODS, name, namespace)
+    await pod_gone(env, name, namespace)
+    assert (await job_ended(env, first)).state == ["CANCELLED"]
+    with contextlib.suppress(Exception):
+        await env.slurm.cancel_job(first)
