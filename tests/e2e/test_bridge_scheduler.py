@@ -163,7 +163,7 @@ async def test_a_pod_runs_where_slurm_placed_it_and_its_job_ends_when_it_exits(
         ns,
         lambda p: FINALIZER not in (p["metadata"].get("finalizers") or []),
         "finalizer removed",
-        30,
+        timeout=30,
     )
     assert done["metadata"]["labels"][SLURM_JOBID] == str(job.job_id)
     await env.kube.delete(rest.PODS, name, ns)
