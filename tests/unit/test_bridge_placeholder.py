@@ -235,3 +235,11 @@ def test_pods_are_taken_by_priority_then_age_then_arrival() -> None:
         keys.append(k)
     out = [keys.popleft() for _ in range(len(keys))]
     assert out == ["high-old", "high-new", "low-old", "low-new", "low-new-2"]
+
+
+def test_only_a_comment_naming_the_pod_and_scheduler_makes_a_job_its_placeholder() -> None:
+    comment = job(pod())["admin_comment"]
+    assert placeholder.is_placeholder_of(comment, scheduler="s1", key="ns/p")
+    assert not placeholder.is_placeholder_of(comment, scheduler="s2", key="ns/p")
+    assert not placeholder.is_placeholder_of(comment, scheduler="s1", key="ns/q")
+    assert not placeholder.is_placeholder_of("", scheduler="s1", key="ns/p")

@@ -194,6 +194,12 @@ def read_comment(text: str) -> Comment | None:
     )
 
 
+def is_placeholder_of(comment_text: str, *, scheduler: str, key: str) -> bool:
+    """Whether a job's admin_comment says it is `scheduler`'s placeholder for pod `key`."""
+    comment = read_comment(comment_text)
+    return comment is not None and comment.scheduler == scheduler and key in comment.pods
+
+
 def job_description(pod: JSON, config: BridgeConfig) -> JSON:
     """The `job_desc_msg` of the placeholder job for one pod; PlaceholderProblem when an
     annotation or resource cannot be read."""

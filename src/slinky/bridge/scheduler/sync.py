@@ -249,6 +249,17 @@ class SchedulerSync:
         job = await self.job(job_id)
         if job is None or job.is_finished:
             return DONE  # the workload controller ends the pod with its job
+        if not placeholder.is_placeholder_of(
+            str(job.raw.get("admin_comment") or ""), scheduler=self.config.scheduler_name, key=key
+        ):
+            # A label someone else wrote: never bind where another job runs.
+            await podcontrol.set_unschedulable(
+                self.kube,
+                pod,
+                "NotBridgeJob",
+                f"Slurm job {job_id} in the pod's job-id label is not its placeholder job",
+            )
+            return DONE
         allocated = expand_hostlist(job.nodes) if job.is_running else []
         if not allocated:
             state = "/".join(job.state) or "PENDING"

@@ -24,6 +24,7 @@ from slinky.bridge import placeholder, podcontrol
 from slinky.bridge.config import BridgeConfig
 from slinky.bridge.connection import SlurmConnection
 from slinky.bridge.jobwatch import JobWatch
+from slinky.bridge.labels import SLURM_JOBID
 from slinky.kube import events, rest
 from slinky.kube.controller import DONE, Result
 from slinky.kube.informer import Informer
@@ -100,8 +101,26 @@ class WorkloadSync:
             for p in self.pods.store.by_index(BY_JOB, str(job_id))
         )
 
+    def owns(self, job: Job | None, key: str) -> bool:
+        """Whether the job is this scheduler's placeholder for pod `key`, by its
+        admin_comment: a job-id label alone (anyone who may patch the pod can set one)
+        never gets a job cancelled or a pod deleted."""
+        return job is not None and placeholder.is_placeholder_of(
+            str(job.raw.get("admin_comment") or ""), scheduler=self.config.scheduler_name, key=key
+        )
+
     async def cancel(self, job_id: int, key: str, why: str) -> None:
         if self.others_running(job_id, key):
+            return
+        job = await self.job(job_id)
+        if job is None or job.is_finished:
+            self.watch.untrack(job_id)
+            return
+        if not self.owns(job, key):
+            log.warning(
+                "job %d: not cancelled (%s): its admin_comment does not name %s", job_id, why, key
+            )
+            self.watch.untrack(job_id)
             return
         await self.slurm.client.cancel_job(job_id)
         self.slurm.informer.poke()
@@ -132,9 +151,19 @@ class WorkloadSync:
         job = await self.job(job_id)
         if job is not None and not job.is_finished:
             return DONE
+        key = placeholder.pod_key(pod)
+        if job is not None and not self.owns(job, key):
+            self.recorder.event(
+                pod,
+                events.WARNING,
+                "NotBridgeJob",
+                f"Slurm job {job_id} in label {SLURM_JOBID} is not this pod's placeholder job; "
+                "the pod is left alone",
+            )
+            return DONE
         state = state_of(job)
         message = f"Slurm job {job_id} is {state}: deleting the pod"
-        log.info("pod %s: %s", placeholder.pod_key(pod), message)
+        log.info("pod %s: %s", key, message)
         self.recorder.event(pod, events.WARNING, "SlurmJobEnded", message, action="Delete")
         await podcontrol.delete(self.kube, pod)
         return DONE
