@@ -106,8 +106,9 @@ class SchedulerSync:
         # Pod UIDs whose submission may have reached Slurm without us seeing the answer.
         self.uncertain: set[str] = set()
         self.rejections: dict[str, int] = {}
-        # Job id -> pod key, for the jobs this scheduler waits on.
+        # Job id -> pod key for the jobs this scheduler waits on, and back.
         self.waiting: dict[int, str] = {}
+        self.waits_on: dict[str, int] = {}
 
     # ------------------------------------------------------------ which pods
 
@@ -124,10 +125,10 @@ class SchedulerSync:
         )
 
     def forget(self, key: str) -> None:
-        for job_id, waiting_key in list(self.waiting.items()):
-            if waiting_key == key:
-                del self.waiting[job_id]
-                self.watch.untrack(job_id)
+        job_id = self.waits_on.pop(key, None)
+        if job_id is not None:
+            self.waiting.pop(job_id, None)
+            self.watch.untrack(job_id)
 
     async def reconcile(self, key: str) -> Result:
         """Submit, label, place: whichever step the pod is at."""
@@ -245,6 +246,7 @@ class SchedulerSync:
     async def place(self, pod: JSON, job_id: int) -> Result:
         key = placeholder.pod_key(pod)
         self.waiting[job_id] = key
+        self.waits_on[key] = job_id
         self.watch.track(job_id)
         job = await self.job(job_id)
         if job is None or job.is_finished:
