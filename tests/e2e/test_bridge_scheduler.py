@@ -269,3 +269,40 @@ async def test_a_restart_after_submit_makes_no_second_job(
     assert (await job_ended(env, first)).state == ["CANCELLED"]
     with contextlib.suppress(Exception):
         await env.slurm.cancel_job(first)
+
+
+async def test_a_node_selector_excludes_nodes_in_slurms_view(
+    bridge: BridgeEnv, managed_node: str
+) -> None:
+    env, ns = bridge, bridge.managed_namespace
+    other = await env.create_node(labels={EXTERNAL_NODE: "true"})  # managed, no kubelet
+    await wait_slurm_node(
+        env, other, lambda n: n is not None and registered_for(n) == other, f"{other} registered"
+    )
+    nowhere = f"nowhere-{uuid.uuid4().hex[:6]}"
+    pod = workload_pod(nowhere, ["sleep", "600"])
+    pod["spec"]["nodeSelector"] = {"e2e.slinky.slurm.net/no-such-label": "x"}
+    await env.kube.create(rest.PODS, pod, ns)
+
+    def unfit(p: JSON) -> bool:
+        c = conditions.find(p["status"].get("conditions"), "PodScheduled")
+        # Both managed nodes considered: the scheduler sees the second one too.
+        return c is not None and c["reason"] == "NoManagedNodeFits" and "0/2" in c["message"]
+
+    got = await pod_where(env, nowhere, ns, unfit, "PodScheduled=False NoManagedNodeFits")
+    assert SLURM_JOBID not in (got["metadata"].get("labels") or {})  # never submitted
+
+    there = f"there-{uuid.uuid4().hex[:6]}"
+    pod = workload_pod(there, ["sleep", "600"])
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": managed_node}
+    await env.kube.create(rest.PODS, pod, ns)
+    bound = await pod_where(env, there, ns, lambda p: p["spec"].get("nodeName"), "bound")
+    assert bound["spec"]["nodeName"] == managed_node
+    job = await env.slurm.get_job(job_id(bound))
+    assert other in str(job.raw.get("excluded_nodes")), job.raw.get("excluded_nodes")
+    assert managed_node not in str(job.raw.get("excluded_nodes"))
+    for name in (nowhere, there):
+        await env.kube.delete(rest.PODS, name, ns)
+    for name in (nowhere, there):
+        await pod_gone(env, name, ns)
+    assert (await job_ended(env, job.job_id)).state == ["CANCELLED"]

@@ -6,7 +6,9 @@
   pod waiting on it.
 - Slurm nodes (the Slurm informer's deltas): a changed node makes the pending jobs and the
   jobs on it due for a read at once, which is how an allocation is noticed within a poll.
-- Kubernetes Nodes, for the Slurm node -> Kubernetes node mapping (index on the Slurm name).
+- Kubernetes Nodes, for the Slurm node -> Kubernetes node mapping (index on the Slurm name)
+  and the pods' constraints; a Node or Slurm node that changes brings back the pods that no
+  managed node could take.
 """
 
 from __future__ import annotations
@@ -69,11 +71,14 @@ def build(
         return sync.schedulable(new) or (old is not None and sync.schedulable(old))
 
     ctrl.watch(pods, predicate=waits)
-    ctrl.watch(nodes, mapper=lambda _node: [])  # synced before the first pod is placed
+    # A node that changes may now take a pod that no node could take.
+    ctrl.watch(nodes, mapper=lambda _node: list(sync.unfit))
 
     def on_slurm(event: SlurmEvent) -> None:
         if event.kind == "node":
             watch.node_changed(event.name)
+            for key in list(sync.unfit):
+                ctrl.enqueue(key)
 
     slurm.informer.subscribe(on_slurm)
     return ctrl, sync, watch

@@ -6,6 +6,9 @@
                PodScheduled=False, reason `SlurmRejected` and Slurm's own message, and is
                tried again with backoff; a pod that cannot be described at all gets the
                reason that says why and waits for a change;
+   Before submitting, the pod's nodeSelector, required node affinity and tolerations are
+               turned into `excluded_nodes` (see `constraints`); a pod no managed node can
+               take is not submitted: PodScheduled=False, `NoManagedNodeFits`, saying why;
 2. `place`   — once Slurm allocated the job, the pod is annotated with the Slurm node and
                bound to the Kubernetes node of that name; while the job pends, the pod says
                so (PodScheduled=False, `SlurmJobPending`, Slurm's reason).
@@ -25,7 +28,7 @@ from typing import Any
 
 from prometheus_client import Counter, Histogram
 
-from slinky.bridge import placeholder, podcontrol
+from slinky.bridge import constraints, placeholder, podcontrol
 from slinky.bridge.config import BridgeConfig
 from slinky.bridge.connection import SlurmConnection
 from slinky.bridge.jobwatch import JobWatch
@@ -106,6 +109,8 @@ class SchedulerSync:
         # Pod UIDs whose submission may have reached Slurm without us seeing the answer.
         self.uncertain: set[str] = set()
         self.rejections: dict[str, int] = {}
+        # Pods no managed node can take: looked at again when nodes change.
+        self.unfit: set[str] = set()
         # Job id -> pod key for the jobs this scheduler waits on, and back.
         self.waiting: dict[int, str] = {}
         self.waits_on: dict[str, int] = {}
@@ -125,6 +130,7 @@ class SchedulerSync:
         )
 
     def forget(self, key: str) -> None:
+        self.unfit.discard(key)
         job_id = self.waits_on.pop(key, None)
         if job_id is not None:
             self.waiting.pop(job_id, None)
@@ -196,6 +202,19 @@ class SchedulerSync:
             if await podcontrol.set_unschedulable(self.kube, pod, p.reason, p.message):
                 self.recorder.event(pod, events.WARNING, p.reason, p.message, action="Schedule")
             return DONE  # nothing changes until the pod does
+        where = self.placement(pod, str(desc["partition"]))
+        if where.impossible:
+            self.unfit.add(key)
+            message = where.explain()
+            SLURM_ERRORS.labels("NoManagedNodeFits").inc()
+            if await podcontrol.set_unschedulable(self.kube, pod, "NoManagedNodeFits", message):
+                self.recorder.event(
+                    pod, events.WARNING, "NoManagedNodeFits", message, action="Schedule"
+                )
+            return DONE  # a node change brings it back
+        self.unfit.discard(key)
+        if where.excluded:
+            desc["excluded_nodes"] = where.excluded
         try:
             job_id = await self.slurm.client.submit_job(desc)
         except (errors.SlurmUnavailable, errors.SlurmAuthError) as e:
@@ -228,6 +247,22 @@ class SchedulerSync:
         delay = min(REJECT_BACKOFF_S * 2**n, REJECT_BACKOFF_MAX_S)
         log.info("pod %s: %s; trying again in %.0fs", placeholder.pod_key(pod), message, delay)
         return Result(requeue_after=delay)
+
+    def placement(self, pod: JSON, partition: str) -> constraints.Placement:
+        """The partition's Slurm nodes (Slurm informer cache), split by the pod's constraints."""
+        slurm_nodes = [
+            n.name for n in self.slurm.informer.nodes.values() if partition in n.partitions
+        ]
+        kube_node_of: dict[str, JSON] = {}
+        for name in slurm_nodes:
+            standing = sorted(
+                self.nodes.store.by_index(BY_SLURM_NAME, name), key=lambda n: n["metadata"]["name"]
+            )
+            if standing:
+                kube_node_of[name] = standing[0]
+        return constraints.placement(
+            pod, slurm_nodes, kube_node_of, scheduler_name=self.config.scheduler_name
+        )
 
     # ------------------------------------------------------------ 2. place
 
