@@ -10,6 +10,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import httpx2
 import pytest
 
 from slinky.bridge import placeholder
@@ -114,6 +115,14 @@ async def job_ended(env: BridgeEnv, job_id: int, timeout: float = 30) -> Job:
     return await wait_for(ended, timeout=timeout, interval=0.2, what=f"Slurm job {job_id} ended")
 
 
+def metric(env: BridgeEnv, name: str) -> float:
+    """A metric without labels, from the bridge's /metrics."""
+    for line in httpx2.get(f"{env.bridge.metrics_url}/metrics", timeout=5).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"metric {name} not exported")
+
+
 def job_id(pod: JSON) -> int:
     return int(pod["metadata"]["labels"][SLURM_JOBID])
 
@@ -166,6 +175,8 @@ async def test_a_pod_runs_where_slurm_placed_it_and_its_job_ends_when_it_exits(
         timeout=30,
     )
     assert done["metadata"]["labels"][SLURM_JOBID] == str(job.job_id)
+    assert metric(env, "slurm_bridge_bind_latency_seconds_count") >= 1
+    assert metric(env, "slurm_bridge_pods_bound_total") >= 1
     await env.kube.delete(rest.PODS, name, ns)
     await pod_gone(env, name, ns)
 

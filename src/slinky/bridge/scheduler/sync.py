@@ -26,7 +26,7 @@ import logging
 import time
 from typing import Any
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from slinky.bridge import constraints, placeholder, podcontrol
 from slinky.bridge.config import BridgeConfig
@@ -58,6 +58,11 @@ BIND_LATENCY = Histogram(
     "From pod creation to its binding to the node Slurm allocated",
     buckets=_LATENCY_BUCKETS,
 )
+PODS_PENDING = Gauge(
+    "slurm_bridge_pods_pending",
+    "Pods whose placeholder job Slurm has not allocated yet, or that no managed node can take",
+)
+PODS_BOUND = Counter("slurm_bridge_pods_bound_total", "Pods bound to the node Slurm allocated")
 SLURM_ERRORS = Counter(
     "slurm_bridge_slurm_errors_total",
     "Slurm refusals and failures seen by the scheduler, by reason",
@@ -106,6 +111,9 @@ class SchedulerSync:
         # Pod UID -> job id, from Slurm's answer to our submission (or recovered at start)
         # until the pod's label says so.
         self.submitted: dict[str, int] = {}
+        # The same, by pod key: (UID, job id); a pod that goes away before its label says
+        # which job it has leaves a job only this scheduler knows of, so it cancels it.
+        self.unlabelled: dict[str, tuple[str, int]] = {}
         # Pod UIDs whose submission may have reached Slurm without us seeing the answer.
         self.uncertain: set[str] = set()
         self.rejections: dict[str, int] = {}
@@ -114,6 +122,7 @@ class SchedulerSync:
         # Job id -> pod key for the jobs this scheduler waits on, and back.
         self.waiting: dict[int, str] = {}
         self.waits_on: dict[str, int] = {}
+        PODS_PENDING.set_function(lambda: len(self.waits_on) + len(self.unfit))
 
     # ------------------------------------------------------------ which pods
 
@@ -141,17 +150,36 @@ class SchedulerSync:
         pod = self.pods.store.get(key)
         if pod is None or not self.schedulable(pod):
             self.forget(key)
+            await self.drop_unlabelled(key, pod)
             return DONE
         uid = str(pod["metadata"]["uid"])
         job_id = podcontrol.job_id_of(pod)
         if job_id is not None:
             self.submitted.pop(uid, None)
+            self.unlabelled.pop(key, None)
             return await self.place(pod, job_id)
         job_id = self.submitted.get(uid)
         if job_id is None:
             return await self.submit(pod)
         await podcontrol.mark_submitted(self.kube, pod, job_id)
         return await self.place(pod, job_id)
+
+    async def drop_unlabelled(self, key: str, pod: JSON | None) -> None:
+        """The pod left the queue: if it never got the label of the job submitted for it,
+        that job is cancelled (no one else could ever find it)."""
+        entry = self.unlabelled.pop(key, None)
+        if entry is None:
+            return
+        uid, job_id = entry
+        self.submitted.pop(uid, None)
+        if (
+            pod is not None
+            and str(pod["metadata"].get("uid")) == uid
+            and podcontrol.job_id_of(pod) == job_id
+        ):
+            return
+        await self.slurm.client.cancel_job(job_id)
+        log.info("job %d: cancelled: pod %s went away before it was labelled", job_id, key)
 
     # ------------------------------------------------------------ recovery
 
@@ -182,6 +210,7 @@ class SchedulerSync:
                 if uid in uids:
                     found[uid] = job.job_id
                     self.submitted[uid] = job.job_id
+                    self.unlabelled[key] = (uid, job.job_id)
                     log.info("pod %s: found its job %d in Slurm", key, job.job_id)
         return found
 
@@ -226,6 +255,7 @@ class SchedulerSync:
         except errors.SlurmError as e:
             return await self.rejected(pod, e)
         self.submitted[uid] = job_id
+        self.unlabelled[key] = (uid, job_id)
         self.rejections.pop(uid, None)
         age = _age(pod)
         if age is not None:
@@ -328,6 +358,7 @@ class SchedulerSync:
         age = _age(pod)
         if age is not None:
             BIND_LATENCY.observe(age)
+        PODS_BOUND.inc()
         log.info("pod %s: bound to %s (Slurm job %d on %s)", key, node, job_id, slurm_node)
         self.recorder.event(
             pod,
