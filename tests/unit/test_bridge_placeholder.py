@@ -202,7 +202,14 @@ def test_time_limit_from_the_annotation_else_the_active_deadline_rounded_up() ->
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("cpu-per-task", "0"), ("cpu-per-task", "two"), ("timelimit", "-1"), ("priority", "1.5")],
+    [
+        ("cpu-per-task", "0"),
+        ("cpu-per-task", "two"),
+        ("timelimit", "-1"),
+        ("priority", "1.5"),
+        ("user-id", "\u00b2"),  # a digit to str.isdigit(), not to int()
+        ("mem-per-node", "\u0663"),
+    ],
 )
 def test_a_bad_number_annotation_is_named(key: str, value: str) -> None:
     with pytest.raises(PlaceholderProblem, match=SLURMJOB_PREFIX + key) as e:
@@ -243,3 +250,11 @@ def test_only_a_comment_naming_the_pod_and_scheduler_makes_a_job_its_placeholder
     assert not placeholder.is_placeholder_of(comment, scheduler="s2", key="ns/p")
     assert not placeholder.is_placeholder_of(comment, scheduler="s1", key="ns/q")
     assert not placeholder.is_placeholder_of("", scheduler="s1", key="ns/p")
+
+
+def test_a_comment_recorded_for_another_pod_of_the_same_name_is_not_its_placeholder() -> None:
+    comment = job(pod())["admin_comment"]  # written for UID u-1
+    assert placeholder.is_placeholder_of(comment, scheduler="s1", key="ns/p", uid="u-1")
+    assert not placeholder.is_placeholder_of(comment, scheduler="s1", key="ns/p", uid="u-2")
+    upstream = '{"pods":["ns/p"]}'  # no UIDs recorded: the name is all there is to go by
+    assert placeholder.is_placeholder_of(upstream, scheduler="", key="ns/p", uid="u-2")

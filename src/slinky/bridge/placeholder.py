@@ -115,7 +115,8 @@ def _whole(pod: JSON, short: str, *, least: int) -> int | None:
     text = _annotation(pod, short)
     if text is None:
         return None
-    if not text.isdigit() or int(text) < least:
+    # ASCII only: str.isdigit() also accepts digits int() cannot read, such as "²".
+    if not (text.isascii() and text.isdigit()) or int(text) < least:
         raise PlaceholderProblem(
             "InvalidAnnotation",
             f"pod {pod_key(pod)}: annotation {SLURMJOB_PREFIX}{short} must be a whole number "
@@ -194,10 +195,15 @@ def read_comment(text: str) -> Comment | None:
     )
 
 
-def is_placeholder_of(comment_text: str, *, scheduler: str, key: str) -> bool:
-    """Whether a job's admin_comment says it is `scheduler`'s placeholder for pod `key`."""
+def is_placeholder_of(comment_text: str, *, scheduler: str, key: str, uid: str = "") -> bool:
+    """Whether a job's admin_comment says it is `scheduler`'s placeholder for pod `key`
+    (and, when `uid` is given and the comment recorded one, for that very pod, not an
+    earlier pod of the same name)."""
     comment = read_comment(comment_text)
-    return comment is not None and comment.scheduler == scheduler and key in comment.pods
+    if comment is None or comment.scheduler != scheduler or key not in comment.pods:
+        return False
+    recorded = comment.pods[key]
+    return not uid or not recorded or recorded == uid
 
 
 def job_description(pod: JSON, config: BridgeConfig) -> JSON:

@@ -114,8 +114,9 @@ class SchedulerSync:
         # The same, by pod key: (UID, job id); a pod that goes away before its label says
         # which job it has leaves a job only this scheduler knows of, so it cancels it.
         self.unlabelled: dict[str, tuple[str, int]] = {}
-        # Pod UIDs whose submission may have reached Slurm without us seeing the answer.
-        self.uncertain: set[str] = set()
+        # Pod key -> UID of pods whose submission may have reached Slurm without us seeing
+        # the answer.
+        self.uncertain: dict[str, str] = {}
         self.rejections: dict[str, int] = {}
         # Pods no managed node can take: looked at again when nodes change.
         self.unfit: set[str] = set()
@@ -150,9 +151,14 @@ class SchedulerSync:
         pod = self.pods.store.get(key)
         if pod is None or not self.schedulable(pod):
             self.forget(key)
+            await self.resolve_uncertain(key, pod)
             await self.drop_unlabelled(key, pod)
             return DONE
         uid = str(pod["metadata"]["uid"])
+        earlier = self.unlabelled.get(key)
+        if earlier is not None and earlier[0] != uid:
+            # A pod of the same name created anew: the job of the one before is no one's.
+            await self.drop_unlabelled(key, pod)
         job_id = podcontrol.job_id_of(pod)
         if job_id is not None:
             self.submitted.pop(uid, None)
@@ -167,19 +173,34 @@ class SchedulerSync:
     async def drop_unlabelled(self, key: str, pod: JSON | None) -> None:
         """The pod left the queue: if it never got the label of the job submitted for it,
         that job is cancelled (no one else could ever find it)."""
-        entry = self.unlabelled.pop(key, None)
+        entry = self.unlabelled.get(key)
         if entry is None:
             return
         uid, job_id = entry
-        self.submitted.pop(uid, None)
-        if (
+        if not (
             pod is not None
             and str(pod["metadata"].get("uid")) == uid
             and podcontrol.job_id_of(pod) == job_id
         ):
+            # Forgotten only once cancelled: a failed cancel is retried with the pod's key.
+            await self.slurm.client.cancel_job(job_id)
+            log.info("job %d: cancelled: pod %s went away before it was labelled", job_id, key)
+        self.unlabelled.pop(key, None)
+        self.submitted.pop(uid, None)
+
+    async def resolve_uncertain(self, key: str, pod: JSON | None) -> None:
+        """A pod whose submission went unanswered left the queue: its job, if Slurm made
+        one, is looked for so that `drop_unlabelled` cancels it."""
+        uid = self.uncertain.get(key)
+        if uid is None:
             return
-        await self.slurm.client.cancel_job(job_id)
-        log.info("job %d: cancelled: pod %s went away before it was labelled", job_id, key)
+        if (
+            pod is None
+            or str(pod["metadata"].get("uid")) != uid
+            or podcontrol.job_id_of(pod) is None
+        ):
+            await self.find_submitted({uid})
+        self.uncertain.pop(key, None)
 
     # ------------------------------------------------------------ recovery
 
@@ -219,9 +240,14 @@ class SchedulerSync:
     async def submit(self, pod: JSON) -> Result:
         key = placeholder.pod_key(pod)
         uid = str(pod["metadata"]["uid"])
-        if uid in self.uncertain:
-            found = await self.find_submitted({uid})
-            self.uncertain.discard(uid)
+        if key in self.uncertain:
+            # One read of the job list answers for every pod whose submission went
+            # unanswered (slurmrestd was down for all of them at once, typically).
+            asked = dict(self.uncertain)
+            found = await self.find_submitted(set(asked.values()))
+            for k, u in asked.items():
+                if self.uncertain.get(k) == u:
+                    del self.uncertain[k]
             if uid in found:
                 return Result(requeue=True)
         try:
@@ -250,7 +276,7 @@ class SchedulerSync:
             # Not an answer about the job: retried with the controller's backoff, after
             # looking for the job in case the request reached slurmctld.
             SLURM_ERRORS.labels(type(e).__name__).inc()
-            self.uncertain.add(uid)
+            self.uncertain[key] = uid
             raise
         except errors.SlurmError as e:
             return await self.rejected(pod, e)
@@ -317,7 +343,10 @@ class SchedulerSync:
         if job is None or job.is_finished:
             return DONE  # the workload controller ends the pod with its job
         if not placeholder.is_placeholder_of(
-            str(job.raw.get("admin_comment") or ""), scheduler=self.config.scheduler_name, key=key
+            str(job.raw.get("admin_comment") or ""),
+            scheduler=self.config.scheduler_name,
+            key=key,
+            uid=str(pod["metadata"]["uid"]),
         ):
             # A label someone else wrote: never bind where another job runs.
             await podcontrol.set_unschedulable(

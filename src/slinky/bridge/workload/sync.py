@@ -101,22 +101,25 @@ class WorkloadSync:
             for p in self.pods.store.by_index(BY_JOB, str(job_id))
         )
 
-    def owns(self, job: Job | None, key: str) -> bool:
+    def owns(self, job: Job | None, key: str, uid: str = "") -> bool:
         """Whether the job is this scheduler's placeholder for pod `key`, by its
         admin_comment: a job-id label alone (anyone who may patch the pod can set one)
         never gets a job cancelled or a pod deleted."""
         return job is not None and placeholder.is_placeholder_of(
-            str(job.raw.get("admin_comment") or ""), scheduler=self.config.scheduler_name, key=key
+            str(job.raw.get("admin_comment") or ""),
+            scheduler=self.config.scheduler_name,
+            key=key,
+            uid=uid,
         )
 
-    async def cancel(self, job_id: int, key: str, why: str) -> None:
+    async def cancel(self, job_id: int, key: str, why: str, uid: str = "") -> None:
         if self.others_running(job_id, key):
             return
         job = await self.job(job_id)
         if job is None or job.is_finished:
             self.watch.untrack(job_id)
             return
-        if not self.owns(job, key):
+        if not self.owns(job, key, uid):
             log.warning(
                 "job %d: not cancelled (%s): its admin_comment does not name %s", job_id, why, key
             )
@@ -141,7 +144,7 @@ class WorkloadSync:
         key = placeholder.pod_key(pod)
         phase = (pod.get("status") or {}).get("phase") or "Pending"
         why = f"pod {key} is {phase}" + (" and deleted" if podcontrol.is_deleting(pod) else "")
-        await self.cancel(job_id, key, why)
+        await self.cancel(job_id, key, why, str(pod["metadata"].get("uid") or ""))
         await podcontrol.remove_finalizer(self.kube, pod)
         return DONE
 
@@ -152,7 +155,7 @@ class WorkloadSync:
         if job is not None and not job.is_finished:
             return DONE
         key = placeholder.pod_key(pod)
-        if job is not None and not self.owns(job, key):
+        if job is not None and not self.owns(job, key, str(pod["metadata"].get("uid") or "")):
             self.recorder.event(
                 pod,
                 events.WARNING,
