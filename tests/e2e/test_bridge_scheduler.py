@@ -6,6 +6,7 @@ sides end together."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -317,3 +318,144 @@ async def test_a_node_selector_excludes_nodes_in_slurms_view(
     for name in (nowhere, there):
         await pod_gone(env, name, ns)
     assert (await job_ended(env, job.job_id)).state == ["CANCELLED"]
+
+
+@pytest.fixture
+async def both_nodes(bridge: BridgeEnv, managed_node: str) -> AsyncIterator[list[str]]:
+    """Both real nodes of the test bed managed by the bridge: the module's one, and the other
+    for this test only (given back unlabelled and gone from Slurm afterwards)."""
+    env = bridge
+    other = next(n for n in env.testbed.load().real_nodes if n != managed_node)
+    await env.kube.patch(rest.NODES, other, {"metadata": {"labels": {EXTERNAL_NODE: "true"}}})
+    try:
+        await wait_slurm_node(
+            env,
+            other,
+            lambda n: n is not None and registered_for(n) == other and not n.state.is_drain,
+            f"real node {other} registered in Slurm by the bridge",
+            timeout=60,
+        )
+
+        async def tainted() -> bool:
+            return await env.taint_values(other) == [TAINT]
+
+        await wait_for(tainted, timeout=30, what=f"node {other} tainted")
+        yield [managed_node, other]
+    finally:
+        await env.kube.patch(rest.NODES, other, {"metadata": {"labels": {EXTERNAL_NODE: None}}})
+        await wait_slurm_node(env, other, lambda n: n is None, f"{other} gone from Slurm", 60)
+
+
+# 50 at once cost ~8 s per node turn on this 2-core box (25 turns): 8 keep the test short
+# and still make most pods wait for a node.
+BURST = 8
+
+
+async def test_pods_created_at_once_each_get_an_exclusive_node_or_wait(
+    bridge: BridgeEnv, both_nodes: list[str]
+) -> None:
+    """More pods than nodes, all at once: Slurm gives each placeholder job a whole node, the
+    others wait in Slurm's queue, and each pod runs once its job has a node: never two jobs
+    on one node at a time, every pod bound where its job ran, every pod run to the end."""
+    env, ns = bridge, bridge.managed_namespace
+    burst = f"burst-{uuid.uuid4().hex[:6]}"
+    names = [f"{burst}-{i}" for i in range(BURST)]
+    for name in names:
+        pod = workload_pod(name, ["sh", "-c", "exit 0"])
+        pod["metadata"]["labels"] = {"e2e-burst": burst}
+        await env.kube.create(rest.PODS, pod, ns)
+
+    async def all_done() -> list[JSON] | None:
+        items = (
+            await env.kube.list(rest.PODS, ns, params={"labelSelector": f"e2e-burst={burst}"})
+        )["items"]
+        phases = [p["status"].get("phase") for p in items]
+        assert "Failed" not in phases, [p["metadata"]["name"] for p in items]
+        return items if phases.count("Succeeded") == BURST else None
+
+    pods = await wait_for(all_done, timeout=60 + 6 * BURST, interval=1, what="every pod Succeeded")
+    jobs: dict[int, Job] = {}
+    for p in pods:
+        jid = job_id(p)
+        jobs[jid] = await job_ended(env, jid)
+        # Bound where Slurm ran its job, and only there.
+        assert p["spec"]["nodeName"] == jobs[jid].nodes, (p["metadata"]["name"], jobs[jid].nodes)
+        assert jobs[jid].state == ["CANCELLED"], jobs[jid].state  # ended with its pod
+        assert int(jobs[jid].raw.get("restart_cnt") or 0) == 0
+    assert len(jobs) == BURST  # one job per pod, none made twice
+    assert {j.nodes for j in jobs.values()} == set(both_nodes)  # both nodes were used
+    for node in both_nodes:
+        spans = sorted((j.start_time or 0, j.end_time or 0, j.job_id) for j in jobs.values()
+                       if j.nodes == node)  # fmt: skip
+        for (_, end, a), (start, _, b) in itertools.pairwise(spans):
+            assert start >= end, f"jobs {a} and {b} shared node {node}"
+    await env.kube.request(
+        "DELETE", rest.PODS.path(ns), params={"labelSelector": f"e2e-burst={burst}"}
+    )
+    for name in names:
+        await pod_gone(env, name, ns)
+
+
+async def test_a_restart_between_label_and_bind_binds_through_the_labelled_job(
+    bridge: BridgeEnv, managed_node: str, namespace: str
+) -> None:
+    """The scheduler stopped after it labelled the pod with its job, before it bound it:
+    started again, it binds the pod where Slurm put that job, and makes no other job."""
+    env = bridge
+    name = f"labelled-{uuid.uuid4().hex[:6]}"
+    pod = workload_pod(name, ["sleep", "600"])
+    pod["spec"]["schedulerName"] = SCHEDULER  # an unmanaged namespace: no webhook
+    pod["spec"]["tolerations"] = [parse_config({}).toleration()]
+    assert env.bridge.stop() == 0
+    try:
+        created = await env.kube.create(rest.PODS, pod, namespace)
+        config = parse_config(bridge_config(env.testbed, [env.managed_namespace]))
+        first = await env.slurm.submit_job(placeholder.job_description(created, config))
+        await env.kube.patch(
+            rest.PODS,
+            name,
+            {"metadata": {"labels": {SLURM_JOBID: str(first)}, "finalizers": [FINALIZER]}},
+            namespace,
+            kind="strategic",
+        )
+    finally:
+        await env.bridge.restart()
+    bound = await pod_where(
+        env, name, namespace, lambda p: p["spec"].get("nodeName"), "bound after the restart"
+    )
+    job = await env.slurm.get_job(first)
+    assert bound["spec"]["nodeName"] == job.nodes == managed_node
+    jobs, _ = await env.slurm.list_jobs()
+    uid = created["metadata"]["uid"]
+    assert [j.job_id for j in jobs or [] if uid in str(j.raw.get("admin_comment") or "")] == [first]
+    await env.kube.delete(rest.PODS, name, namespace)
+    await pod_gone(env, name, namespace)
+    assert (await job_ended(env, first)).state == ["CANCELLED"]
+
+
+async def test_at_start_the_jobs_of_pods_that_are_gone_are_cancelled_and_no_other(
+    bridge: BridgeEnv, managed_node: str, namespace: str
+) -> None:
+    """Pods deleted while no bridge ran leave their jobs behind: the next bridge cancels
+    them at start. A job of another scheduler sharing the cluster is left alone."""
+    env = bridge
+    config = parse_config(bridge_config(env.testbed, [env.managed_namespace]))
+    # Never runs (more CPUs than a node has): the test holds no node.
+    gone_pod = workload_pod(f"gone-{uuid.uuid4().hex[:6]}", ["sleep", "600"],
+                            {SLURMJOB_PREFIX + "cpu-per-task": "64"})  # fmt: skip
+    gone_pod["metadata"].update(namespace=namespace, uid=str(uuid.uuid4()))
+    assert env.bridge.stop() == 0
+    try:
+        orphan = await env.slurm.submit_job(placeholder.job_description(gone_pod, config))
+        theirs_desc = placeholder.job_description(gone_pod, config)
+        theirs_desc["admin_comment"] = placeholder.admin_comment(
+            [gone_pod], scheduler="another-bridge"
+        )
+        theirs = await env.slurm.submit_job(theirs_desc)
+    finally:
+        await env.bridge.restart()
+    try:
+        assert (await job_ended(env, orphan)).state == ["CANCELLED"]
+        assert not (await env.slurm.get_job(theirs)).is_finished
+    finally:
+        await env.slurm.cancel_job(theirs)

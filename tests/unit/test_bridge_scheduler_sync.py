@@ -7,10 +7,10 @@ import contextlib
 from types import SimpleNamespace
 from typing import Any
 
-from slinky.bridge import placeholder
+from slinky.bridge import placeholder, podcontrol
 from slinky.bridge.config import parse_config
 from slinky.bridge.jobwatch import JobWatch
-from slinky.bridge.labels import SLURM_JOBID
+from slinky.bridge.labels import FINALIZER, SLURM_JOBID
 from slinky.bridge.nodes.controller import BY_SLURM_NAME, index_slurm_name
 from slinky.bridge.scheduler.sync import SchedulerSync
 from slinky.kube import rest
@@ -237,3 +237,44 @@ async def test_a_pod_deleted_after_an_unanswered_submission_has_its_job_cancelle
 def test_the_comment_of_a_submitted_job_names_the_pod_uid() -> None:
     comment = placeholder.admin_comment([make_pod("p", "u1")], scheduler="s1")
     assert placeholder.read_comment(comment) == placeholder.Comment("s1", {"ns/p": "u1"})
+
+
+class FinalizerKube:
+    """Applies JSON patches with their `test` to one live pod, as the apiserver does."""
+
+    def __init__(self, live: JSON | None) -> None:
+        self.live = live
+
+    async def get(self, _res: Any, _name: str, _ns: str) -> JSON:
+        if self.live is None:
+            raise rest.ApiError(404, "NotFound", "pod p")
+        return self.live
+
+    async def patch(self, _res: Any, _name: str, ops: list[JSON], _ns: str, **_kw: Any) -> None:
+        assert self.live is not None
+        finalizers = self.live["metadata"]["finalizers"]
+        test, remove = ops
+        i = int(test["path"].rsplit("/", 1)[1])
+        if i >= len(finalizers) or finalizers[i] != test["value"]:
+            raise rest.ApiError(422, "Invalid", "test operation failed")
+        del finalizers[int(remove["path"].rsplit("/", 1)[1])]
+
+
+def with_finalizers(uid: str, *finalizers: str) -> JSON:
+    pod = make_pod("p", uid)
+    pod["metadata"]["finalizers"] = list(finalizers)
+    return pod
+
+
+async def test_the_finalizer_is_removed_from_the_live_pod_when_the_cache_is_behind() -> None:
+    cached = with_finalizers("u1", FINALIZER)
+    kube = FinalizerKube(with_finalizers("u1", "other/first", FINALIZER))
+    await podcontrol.remove_finalizer(kube, cached)  # type: ignore[arg-type]
+    assert kube.live is not None and kube.live["metadata"]["finalizers"] == ["other/first"]
+    # Removed already (the cache has not seen it yet): nothing to do, no error.
+    kube = FinalizerKube(with_finalizers("u1", "other/first"))
+    await podcontrol.remove_finalizer(kube, cached)  # type: ignore[arg-type]
+    # Another pod of the same name in its place: its finalizers are not ours to touch.
+    kube = FinalizerKube(with_finalizers("u2", "other/first", FINALIZER))
+    await podcontrol.remove_finalizer(kube, cached)  # type: ignore[arg-type]
+    assert kube.live is not None and FINALIZER in kube.live["metadata"]["finalizers"]

@@ -107,26 +107,39 @@ async def set_unschedulable(kube: rest.Kube, pod: JSON, reason: str, message: st
 
 async def remove_finalizer(kube: rest.Kube, pod: JSON) -> None:
     """Remove the bridge's finalizer; the `test` makes a concurrent change fail (422) rather
-    than remove someone else's finalizer."""
-    name, ns, _ = name_ns_uid(pod)
-    finalizers = list((pod.get("metadata") or {}).get("finalizers") or [])
-    if FINALIZER not in finalizers:
-        return
-    i = finalizers.index(FINALIZER)
-    try:
-        await kube.patch(
-            rest.PODS,
-            name,
-            [
-                {"op": "test", "path": f"/metadata/finalizers/{i}", "value": FINALIZER},
-                {"op": "remove", "path": f"/metadata/finalizers/{i}"},
-            ],
-            ns,
-            kind="json",
-        )
-    except rest.ApiError as e:
-        if not e.not_found:
+    than remove someone else's finalizer. The cached pod may be behind (the finalizer gone
+    already, or the list changed): on a failed test the live pod is read and tried once."""
+    name, ns, uid = name_ns_uid(pod)
+    for attempt in range(2):
+        finalizers = list((pod.get("metadata") or {}).get("finalizers") or [])
+        if FINALIZER not in finalizers:
+            return
+        i = finalizers.index(FINALIZER)
+        try:
+            await kube.patch(
+                rest.PODS,
+                name,
+                [
+                    {"op": "test", "path": f"/metadata/finalizers/{i}", "value": FINALIZER},
+                    {"op": "remove", "path": f"/metadata/finalizers/{i}"},
+                ],
+                ns,
+                kind="json",
+            )
+            return
+        except rest.ApiError as e:
+            if e.not_found:
+                return
+            if e.code != 422 or attempt:
+                raise
+        try:
+            pod = await kube.get(rest.PODS, name, ns)
+        except rest.ApiError as e:
+            if e.not_found:
+                return
             raise
+        if pod["metadata"].get("uid") != uid:
+            return  # gone, and another pod of the same name in its place
 
 
 async def delete(kube: rest.Kube, pod: JSON) -> None:
