@@ -15,6 +15,14 @@ import random
 log = logging.getLogger(__name__)
 
 
+def cancelling() -> bool:
+    """Whether the running task is being cancelled. A library may turn the CancelledError it
+    received mid-request into an error of its own (a read error, say); a loop that retries
+    such errors must check this, or `stop()` would wait for ever."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
 class Backoff:
     """Exponential backoff with jitter: initial, 2x, 4x, ... capped at `maximum`."""
 
@@ -62,6 +70,8 @@ class BackgroundLoop:
             except asyncio.CancelledError:
                 raise
             except Exception as e:
+                if cancelling():
+                    raise asyncio.CancelledError from e
                 self.failure = f"{type(e).__name__}: {e}"
                 delay = backoff.next()
                 log.exception("%s died; restarting in %.1fs", self.task_name(), delay)

@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx2
 
-from slinky.background import BackgroundLoop, Backoff
+from slinky.background import BackgroundLoop, Backoff, cancelling
 from slinky.kube import rest
 from slinky.kube.store import IndexFunc, Store, key_of
 
@@ -116,6 +116,8 @@ class Informer(BackgroundLoop):
                 await self._watch()
                 self.backoff.reset()
             except rest.ApiError as e:
+                if cancelling():
+                    raise asyncio.CancelledError from e
                 if e.gone:
                     log.info(
                         "%s: resourceVersion %s is gone; re-listing", self, self.resource_version
@@ -128,6 +130,8 @@ class Informer(BackgroundLoop):
             except WatchSilent:
                 log.debug("%s: watch silent for %.0fs; reopening", self, self.silence_timeout)
             except (httpx2.HTTPError, OSError, ValueError) as e:
+                if cancelling():
+                    raise asyncio.CancelledError from e
                 delay = self.backoff.next()
                 log.warning("%s: connection problem (%s); retrying in %.1fs", self, e, delay)
                 await asyncio.sleep(delay)
