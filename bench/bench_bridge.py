@@ -15,7 +15,8 @@ What is real and what is not (printed with the results):
   schedulerName differs;
 - slurmrestd bytes are counted by a TCP proxy between the bridge and slurmrestd, over the
   window from a pod's creation to its binding (median of single pods one after another);
-- the 5,000 queued jobs are held batch jobs in another partition (Slurm keeps them pending).
+- the 5,000 queued jobs are held batch jobs in another partition (Slurm keeps them pending);
+- one bridge replica, without leader election.
 
 Run: `make bench` (or `python -m bench.bench_bridge`). Env: BENCH_BRIDGE_BURSTS (default
 "1,100,500"), BENCH_BRIDGE_QUEUED (default 5000).
@@ -138,7 +139,8 @@ def start_bridge(bed: Testbed, slurm_url: str, work: Path) -> tuple[subprocess.P
         "--components=nodes,scheduler,workload",
         f"--metrics-bind-address=127.0.0.1:{mport}",
         f"--health-probe-bind-address=127.0.0.1:{pport}",
-        "--leader-election-id=bench-bridge",
+        # One replica: no Lease to lose while a loaded machine answers slowly.
+        "--leader-elect=false",
     ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     with (work / "bridge.log").open("ab") as log:
@@ -449,6 +451,7 @@ async def run() -> None:
         "(32 CPUs): Slurm allocation real, containers not run (kwok)"
     )
     print('  pods: cpu 1, memory 64Mi, exclusive: "false" (pods share nodes; all fit at once)')
+    print(f"  machine load average at the end: {os.getloadavg()[0]:.1f} (2 cores, shared)")
     head = ("pods", "bridge p50", "bridge p99", "kube p50", "kube p99", "p50 ratio")
     print("  " + " ".join(f"{h:>11}" for h in head) + "  bridge pods/s  kube pods/s")
     for n in BURSTS:
