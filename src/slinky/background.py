@@ -79,9 +79,21 @@ class BackgroundLoop:
                 self.restarts += 1
                 self.failure = None
 
+    # How long `stop()` waits for the loop to end once cancelled. A loop blocked in a
+    # request that ignores cancellation (seen under heavy load, inside the HTTP client) must
+    # not hold up the shutdown of everything stopped after it.
+    stop_timeout: float = 10.0
+
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=self.stop_timeout)
+        if not done:
+            log.error(
+                "%s did not stop within %.0fs; left behind", self.task_name(), self.stop_timeout
+            )
+            return
+        with contextlib.suppress(asyncio.CancelledError):
+            task.result()

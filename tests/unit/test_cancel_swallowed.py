@@ -4,6 +4,7 @@ of its own (an HTTP read error, say) that the loop would otherwise retry for eve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -61,3 +62,27 @@ async def test_an_informer_whose_watch_turns_cancellation_into_a_read_error_stop
     informer.start()
     await kube.watching.wait()
     await asyncio.wait_for(informer.stop(), 5)
+
+
+class DeafLoop(BackgroundLoop):
+    """A loop stuck in a call that ignores cancellation altogether."""
+
+    stop_timeout = 0.5
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def run(self) -> None:
+        self.started.set()
+        while not self.release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.release.wait()
+
+
+async def test_stop_gives_up_on_a_loop_that_ignores_cancellation() -> None:
+    loop = DeafLoop()
+    loop.start()
+    await loop.started.wait()
+    await asyncio.wait_for(loop.stop(), 5)  # returns: whatever runs after it can stop too
+    loop.release.set()
