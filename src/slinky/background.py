@@ -8,10 +8,19 @@ silently stopped moving."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 
 log = logging.getLogger(__name__)
+
+
+def cancelling() -> bool:
+    """Whether the running task is being cancelled. A library may turn the CancelledError it
+    received mid-request into an error of its own (a read error, say); a loop that retries
+    such errors must check this, or `stop()` would wait for ever."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 class Backoff:
@@ -65,6 +74,8 @@ class BackgroundLoop:
             except asyncio.CancelledError:
                 raise
             except Exception as e:
+                if cancelling():
+                    raise asyncio.CancelledError from e
                 self.failure = f"{type(e).__name__}: {e}"
                 delay = backoff.next()
                 log.exception("%s died; restarting in %.1fs", self.task_name(), delay)
@@ -72,10 +83,21 @@ class BackgroundLoop:
                 self.restarts += 1
                 self.failure = None
 
+    # How long `stop()` waits for the loop to end once cancelled. A loop blocked in a
+    # request that ignores cancellation (seen under heavy load, inside the HTTP client) must
+    # not hold up the shutdown of everything stopped after it.
+    stop_timeout: float = 10.0
+
     async def stop(self) -> None:
-        if self._task:
-            task, self._task = self._task, None
-            task.cancel()
-            # asyncio.wait: the loop's own CancelledError stays inside, while a cancel of
-            # the caller still reaches the caller (suppressing it here would swallow both).
-            await asyncio.wait([task])
+        task, self._task = self._task, None
+        if task is None:
+            return
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=self.stop_timeout)
+        if not done:
+            log.error(
+                "%s did not stop within %.0fs; left behind", self.task_name(), self.stop_timeout
+            )
+            return
+        with contextlib.suppress(asyncio.CancelledError):
+            task.result()

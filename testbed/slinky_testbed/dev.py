@@ -162,6 +162,7 @@ def main() -> None:
         "crd/nodesets.slinky.slurm.net",
         "--timeout=60s",
     )
+    dev_bridge.reserve_node(bed)  # before any slurmd pod exists
     ports = None
     if not operator_running(bed):
         ports = start_operator(bed)

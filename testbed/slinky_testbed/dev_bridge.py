@@ -1,7 +1,13 @@
 """`make dev`, bridge part: run slurm-bridge (every component, one process) on the dev test
 bed with a sample config whose managed namespace is `slurm-bridge`, register its webhook
 with the test bed's apiserver, and label the nodes meant for the bridge so that they
-register in Slurm as EXTERNAL nodes. Idempotent, like the rest of `make dev`."""
+register in Slurm as EXTERNAL nodes. Idempotent, like the rest of `make dev`.
+
+The bridge's node is a real node (kubelet + containerd), so that a pod Slurm places there
+really runs: the last real node of the test bed, set aside (labelled, and tainted as the
+bridge will taint it) before the operator's slurmd pods are created, so none lands there.
+A test bed with a single real node leaves it to the operator and gives the bridge the kwok
+nodes, where pods are placed by Slurm but no container runs."""
 
 from __future__ import annotations
 
@@ -16,12 +22,14 @@ from pathlib import Path
 
 import yaml
 
-from slinky_testbed import paths, pki, procs
+from slinky_testbed import nodes, paths, pki, procs
 from slinky_testbed.bed import Testbed
 
 MANAGED_NAMESPACE = "slurm-bridge"
 BRIDGE_NAMESPACE = "slinky-system"
+SCHEDULER_NAME = "slurm-bridge-scheduler"
 EXTERNAL_NODE_LABEL = "scheduler.slinky.slurm.net/external-node"
+MANAGED_NODE_TAINT = "slinky.slurm.net/managed-node"
 # Nodes the test bed dedicates to the bridge carry this label; without any, the kwok nodes
 # are used (nothing of the operator runs there, so the NoExecute taint evicts nothing).
 BRIDGE_NODE_LABEL = "testbed.slinky.slurm.net/bridge"
@@ -31,7 +39,7 @@ Kubectl = Callable[..., str]
 
 def config(bed: Testbed) -> dict[str, object]:
     return {
-        "schedulerName": "slurm-bridge-scheduler",
+        "schedulerName": SCHEDULER_NAME,
         "slurmRestApi": bed.slurm_rest_url,
         "managedNamespaces": [MANAGED_NAMESPACE],
         "partition": "slurm-bridge",
@@ -95,6 +103,23 @@ def give_internal_ip(kubectl: Kubectl, node: str) -> None:
     kubectl("patch", "node", node, "--subresource=status", "--type=merge", "-p", patch)
 
 
+def reserve_node(bed: Testbed) -> None:
+    """Set the last real node aside for the bridge (when there are two or more and none is
+    set aside yet): labelled, and tainted as the bridge's node controller will taint it, so
+    the slurmd pods the operator creates next never land there."""
+    kubectl = kubectl_for(bed)
+    if kubectl("get", "nodes", "-l", BRIDGE_NODE_LABEL, "-o", "name").split():
+        return
+    real = bed.load().real_nodes
+    if len(real) < 2:
+        return
+    node = real[-1]
+    kubectl("label", "--overwrite", "node", node, f"{BRIDGE_NODE_LABEL}=true")
+    kubectl(
+        "taint", "node", node, f"{MANAGED_NODE_TAINT}={SCHEDULER_NAME}:NoExecute", "--overwrite"
+    )
+
+
 def setup(bed: Testbed) -> None:
     """Bring the dev bridge up (or keep it) and print how to watch it."""
     kubectl = kubectl_for(bed)
@@ -127,17 +152,19 @@ def setup(bed: Testbed) -> None:
         check=True,
     ).stdout
     kubectl("apply", "--server-side", "--field-manager=slinky-dev", "-f", "-", stdin=webhooks)
-    nodes = bridge_nodes(kubectl)
-    for node in nodes:
+    names = bridge_nodes(kubectl)
+    for node in names:
         give_internal_ip(kubectl, node)
         kubectl("label", "--overwrite", "node", node, f"{EXTERNAL_NODE_LABEL}=true")
     k = paths.bin_dir() / "kubectl"
+    s = f".venv/bin/slinky testbed --dir {bed.dir} slurm"
     print(f"""
   slurm-bridge: config {config_path}, log {bed.logs / "bridge.log"}
-    managed namespace {MANAGED_NAMESPACE}; nodes registered in Slurm: {", ".join(nodes) or "none"}
-    {k} get nodes -o custom-columns=NAME:.metadata.name,TAINTS:.spec.taints[*].key
-    {k} run demo -n {MANAGED_NAMESPACE} --image=busybox -- sleep 60  # bridge scheduler
-    .venv/bin/slinky testbed --dir {bed.dir} slurm sinfo -N -o "%N %T %f %P"  # EXTERNAL nodes""")
+    managed namespace {MANAGED_NAMESPACE}; nodes registered in Slurm: {", ".join(names) or "none"}
+    {s} sinfo -p slurm-bridge -N -o "%N %T %f"          # the bridge's EXTERNAL nodes
+    {k} -n {MANAGED_NAMESPACE} run demo --image={nodes.image_ref("slurm")} -- sleep 30
+    {s} squeue -p slurm-bridge -o "%i %j %T %N"         # its placeholder job
+    {k} -n {MANAGED_NAMESPACE} get pod demo -o wide     # Running on the node Slurm chose""")
 
 
 def kubectl_for(bed: Testbed) -> Kubectl:

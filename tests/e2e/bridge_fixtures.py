@@ -181,8 +181,10 @@ def start_bridge(
         f"--webhook-cert-path={cert_dir}",
         "--webhook-cert-reload-interval=500ms",
         "--leader-election-id=slurm-bridge-e2e",
-        "--leader-election-lease-duration=4s",
-        "--leader-election-renew-deadline=3s",
+        # A renewal may take seconds on a loaded 2-core machine; a replica that takes over
+        # does so when the Lease is released on SIGTERM, not by waiting for it to expire.
+        "--leader-election-lease-duration=12s",
+        "--leader-election-renew-deadline=9s",
         "--leader-election-retry-period=1s",
         "--log-level=debug",
         *extra,

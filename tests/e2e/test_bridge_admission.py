@@ -171,10 +171,12 @@ async def test_a_good_pod_with_slurmjob_annotations_is_admitted(bridge: BridgeEn
 async def test_job_id_and_node_are_fixed_once_the_pod_is_bound(bridge: BridgeEnv) -> None:
     ns, kube = bridge.managed_namespace, bridge.kube
     node = await bridge.create_node()
-    pod = await kube.create(rest.PODS, pod_manifest(), ns)
+    # Another scheduler's pod in a managed namespace: the same rules hold, and the bridge's
+    # own scheduler leaves it to this test to play the scheduler.
+    pod = await kube.create(rest.PODS, pod_manifest(schedulerName="e2e-scheduler"), ns)
     name = pod["metadata"]["name"]
     try:
-        # Before binding, the bridge's scheduler records the job and node: allowed.
+        # Before binding, the scheduler records the job and node: allowed.
         await kube.patch(
             rest.PODS,
             name,

@@ -75,7 +75,10 @@ def test_the_node_controller_refuses_to_start_without_slurm_settings(tmp_path: P
 def test_an_unknown_component_is_refused(tmp_path: Path) -> None:
     out = run_bridge(tmp_path, {}, "--components=admission,schedular")
     assert out.returncode == 2
-    assert "unknown component 'schedular' (available: all, admission, nodes)" in out.stderr
+    assert (
+        "unknown component 'schedular' (available: all, admission, nodes, scheduler, workload)"
+        in out.stderr
+    )
 
 
 async def test_the_webhook_runs_alone_with_a_namespace_selector_and_no_slurm_settings(

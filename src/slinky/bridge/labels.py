@@ -22,3 +22,6 @@ SLURMJOB_PREFIX = "slurmjob.slinky.slurm.net/"
 # Every drain the bridge makes has a reason starting with this; any other drain is an
 # admin's and is never undone by the bridge.
 REASON_PREFIX = "slurm-bridge: "
+# Pod finalizer set by the scheduler with the job-id label: the workload controller removes
+# it once the pod is terminal and its job is ended, so no pod disappears with its job running.
+FINALIZER = "scheduler.slinky.slurm.net/finalizer"

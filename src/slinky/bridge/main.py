@@ -27,6 +27,8 @@ from slinky.bridge.admission.component import AdmissionComponent
 from slinky.bridge.config import ConfigError, load_config
 from slinky.bridge.nodes.component import NodeComponent
 from slinky.bridge.runtime import Component, Context
+from slinky.bridge.scheduler.component import SchedulerComponent
+from slinky.bridge.workload.component import WorkloadComponent
 from slinky.kube import flags, logs, rest
 from slinky.kube.leader import LeaderElector, LeadershipLost
 from slinky.kube.serving import ProbeServer
@@ -35,11 +37,12 @@ log = logging.getLogger("slurm-bridge")
 
 SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
-# The components this process can run, by name, in start-up order. The scheduler and the
-# workload controller join this table when they exist.
+# The components this process can run, by name, in start-up order.
 COMPONENTS: dict[str, Callable[[Context], Component]] = {
     "admission": AdmissionComponent,
     "nodes": NodeComponent,
+    "scheduler": SchedulerComponent,
+    "workload": WorkloadComponent,
 }
 
 
@@ -106,6 +109,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="how often the certificate files are checked for changes",
     )
     p.add_argument("--node-workers", type=int, default=2)
+    p.add_argument("--scheduler-workers", type=int, default=4)
+    p.add_argument("--workload-workers", type=int, default=4)
+    flags.add_duration(
+        p,
+        "--job-recheck-interval",
+        default="10s",
+        help="how often a placeholder job is read when nothing suggests it changed",
+    )
     flags.add_duration(
         p,
         "--graceful-shutdown-timeout",

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from slinky.background import cancelling
 from slinky.kube import metrics
 from slinky.kube.informer import Handler
 from slinky.kube.queue import WorkQueue
@@ -187,6 +188,8 @@ class Controller:
         except asyncio.CancelledError:
             raise
         except Exception as e:
+            if cancelling():  # the error stands for our cancellation: stop, not retry
+                raise asyncio.CancelledError from e
             self._m_total["error"].inc()
             self._m_errors.inc()
             retries = self.queue.num_requeues(key)

@@ -30,7 +30,7 @@ import httpx2
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from slinky.background import BackgroundLoop, Backoff
+from slinky.background import BackgroundLoop, Backoff, cancelling
 from slinky.kube import rest
 from slinky.kube.store import IndexFunc, Store, key_of
 
@@ -124,6 +124,8 @@ class Informer(BackgroundLoop):
                 await self._watch()
                 self.backoff.reset()
             except rest.ApiError as e:
+                if cancelling():
+                    raise asyncio.CancelledError from e
                 if e.gone:
                     log.info(
                         "%s: resourceVersion %s is gone; re-listing", self, self.resource_version
@@ -137,6 +139,8 @@ class Informer(BackgroundLoop):
             except WatchSilent:
                 log.debug("%s: watch silent for %.0fs; reopening", self, self.silence_timeout)
             except (httpx2.HTTPError, OSError, ValueError) as e:
+                if cancelling():
+                    raise asyncio.CancelledError from e
                 self.last_error = f"connection problem: {e}"
                 delay = self.backoff.next()
                 log.warning("%s: connection problem (%s); retrying in %.1fs", self, e, delay)

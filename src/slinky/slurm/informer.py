@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from slinky.background import BackgroundLoop, Backoff
+from slinky.background import BackgroundLoop, Backoff, cancelling
 from slinky.slurm import errors
 from slinky.slurm.client import SlurmClient
 from slinky.slurm.models import Job, Node, Partition
@@ -179,6 +179,8 @@ class SlurmInformer(BackgroundLoop):
                 backoff.reset()
                 delay = self.interval
             except errors.SlurmError as e:
+                if cancelling():
+                    raise asyncio.CancelledError from e
                 self._mark_stale(str(e))
                 delay = backoff.next()
             except (KeyError, TypeError, ValueError, AttributeError) as e:

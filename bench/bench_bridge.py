@@ -1,0 +1,484 @@
+"""slurm-bridge scheduler: pod created -> bound, through Slurm placeholder jobs, against the
+default kube-scheduler binding the same pods to the same nodes; the cost of one scheduling
+decision with 10 and with 5,000 unrelated jobs queued in Slurm; throughput.
+
+What is real and what is not (printed with the results):
+- the bridge runs as its own process (nodes, scheduler and workload components), against the
+  bench test bed's real apiserver, slurmctld and slurmrestd;
+- its nodes are kwok nodes registered by the bridge's node controller as EXTERNAL Slurm
+  nodes (32 CPUs each): Slurm's allocation is real, the containers are not (kwok reports the
+  pods Running). Binding does not depend on what runs the pod, and 500 pods at once would
+  not fit on the test bed's 3 real nodes;
+- the pods ask for 1 CPU and share nodes (`exclusive: "false"`), so 500 fit at once on 16
+  nodes: the latency is scheduling, not waiting for a node to free up. The kube-scheduler
+  pods are the same pods (same requests, nodeSelector and tolerations), only the
+  schedulerName differs;
+- slurmrestd bytes are counted by a TCP proxy between the bridge and slurmrestd, over the
+  window from a pod's creation to its binding (median of single pods one after another);
+- the 5,000 queued jobs are held batch jobs in another partition (Slurm keeps them pending);
+- one bridge replica, without leader election.
+
+Run: `make bench` (or `python -m bench.bench_bridge`). Env: BENCH_BRIDGE_BURSTS (default
+"1,100,500"), BENCH_BRIDGE_QUEUED (default 5000).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.common import bench_testbed, pct
+from slinky.bridge.labels import EXTERNAL_NODE, MANAGED_NODE_TAINT, SLURMJOB_PREFIX
+from slinky.kube import rest
+from slinky.kube.informer import Handler, InformerFactory
+from slinky.slurm import errors
+from slinky.slurm.client import SlurmClient
+from slinky.slurm.tokens import MintedToken
+from slinky_testbed import procs
+from slinky_testbed.bed import Testbed
+
+JSON = dict[str, Any]
+NS = "bench-bridge"
+OWN_NS = "bench-bridge-system"
+SCHEDULER = "slurm-bridge-scheduler"
+PARTITION = "slurm-bridge"
+KWOK_NODES = 16
+SINGLE_PODS = 10
+QUEUED_FEW = 10
+BURSTS = [int(n) for n in os.environ.get("BENCH_BRIDGE_BURSTS", "1,100,500").split(",")]
+QUEUED_MANY = int(os.environ.get("BENCH_BRIDGE_QUEUED", "5000"))
+TOLERATIONS = [
+    {"key": "kwok.x-k8s.io/node", "operator": "Exists"},
+    {"key": MANAGED_NODE_TAINT, "operator": "Equal", "value": SCHEDULER, "effect": "NoExecute"},
+]
+
+
+# ---------------------------------------------------------------- slurmrestd byte counter
+
+
+class CountingProxy:
+    """A loopback TCP proxy to slurmrestd that counts the bytes each way."""
+
+    def __init__(self, target: str) -> None:
+        host, _, port = target.removeprefix("http://").partition(":")
+        self.host, self.port = host, int(port.rstrip("/"))
+        self.up = 0
+        self.down = 0
+        self.server: asyncio.Server | None = None
+
+    @property
+    def total(self) -> int:
+        return self.up + self.down
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._client, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            r2, w2 = await asyncio.open_connection(self.host, self.port)
+        except OSError:
+            writer.close()
+            return
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, up: bool) -> None:
+            with contextlib.suppress(OSError, asyncio.CancelledError):
+                while data := await src.read(65536):
+                    if up:
+                        self.up += len(data)
+                    else:
+                        self.down += len(data)
+                    dst.write(data)
+                    await dst.drain()
+            with contextlib.suppress(OSError):
+                dst.close()
+
+        await asyncio.gather(pipe(reader, w2, True), pipe(r2, writer, False))
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.server.wait_closed(), 5)
+
+
+# ---------------------------------------------------------------- the bridge process
+
+
+def start_bridge(bed: Testbed, slurm_url: str, work: Path) -> tuple[subprocess.Popen[bytes], int]:
+    config = {
+        "schedulerName": SCHEDULER,
+        "slurmRestApi": slurm_url,
+        "managedNamespaces": [NS],
+        "partition": PARTITION,
+        "slurmAuth": {"jwtKeyFile": str(bed.jwt_key_path), "user": "root"},
+    }
+    (work / "config.yaml").write_text(yaml.safe_dump(config))
+    mport, pport = procs.free_ports(2)
+    argv = [
+        sys.executable,
+        "-m",
+        "slinky.bridge.main",
+        f"--config={work / 'config.yaml'}",
+        f"--kubeconfig={bed.kubeconfig}",
+        f"--namespace={OWN_NS}",
+        "--components=nodes,scheduler,workload",
+        f"--metrics-bind-address=127.0.0.1:{mport}",
+        f"--health-probe-bind-address=127.0.0.1:{pport}",
+        # One replica: no Lease to lose while a loaded machine answers slowly.
+        "--leader-elect=false",
+    ]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    with (work / "bridge.log").open("ab") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"bridge exited {proc.returncode}; see {work / 'bridge.log'}")
+        with (
+            contextlib.suppress(urllib.error.URLError, OSError),
+            urllib.request.urlopen(f"http://127.0.0.1:{pport}/readyz", timeout=2) as r,
+        ):
+            if r.status == 200:
+                return proc, mport
+        time.sleep(0.3)
+    proc.terminate()
+    raise SystemExit(f"bridge not ready; see {work / 'bridge.log'}")
+
+
+async def until(check: Callable[[], Awaitable[bool]], what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench: timed out waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+async def register_nodes(kube: rest.Kube, slurm: SlurmClient, names: list[str]) -> None:
+    """The kwok nodes become EXTERNAL Slurm nodes of the bridge's partition (Slurm needs an
+    address it never contacts: loopback) and get the bridge's taint."""
+    for name in names:
+        node = await kube.get(rest.NODES, name)
+        if not (node.get("status") or {}).get("addresses"):
+            await kube.patch(
+                rest.NODES,
+                name,
+                {"status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]}},
+                subresource="status",
+            )
+        await kube.patch(rest.NODES, name, {"metadata": {"labels": {EXTERNAL_NODE: "true"}}})
+
+    async def registered() -> bool:
+        nodes, _ = await slurm.list_nodes()
+        in_part = {n.name for n in nodes or [] if PARTITION in n.partitions}
+        if not set(names) <= in_part:
+            return False
+        for name in names:
+            taints = (await kube.get(rest.NODES, name))["spec"].get("taints") or []
+            if not any(t.get("key") == MANAGED_NODE_TAINT for t in taints):
+                return False
+        return True
+
+    await until(registered, "kwok nodes registered in Slurm and tainted", 180)
+
+
+# ---------------------------------------------------------------- pods
+
+
+def bench_pod(name: str, run: str, scheduler: str | None) -> JSON:
+    spec: JSON = {
+        "nodeSelector": {"type": "kwok"},
+        "tolerations": TOLERATIONS,
+        "containers": [
+            {
+                "name": "c",
+                "image": "bench/none:1",
+                "resources": {"requests": {"cpu": "1", "memory": "64Mi"}},
+            }
+        ],
+    }
+    if scheduler:
+        spec["schedulerName"] = scheduler
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {"bench-run": run},
+            "annotations": {SLURMJOB_PREFIX + "exclusive": "false"},
+        },
+        "spec": spec,
+    }
+
+
+class Bindings:
+    """When each pod of the namespace was first seen bound (watch event arrival)."""
+
+    def __init__(self, factory: InformerFactory) -> None:
+        self.informer = factory.informer(rest.PODS, namespace=NS)
+        self.bound_at: dict[str, float] = {}
+        self.informer.add_handler(Handler(on_add=self._seen, on_update=lambda _o, n: self._seen(n)))
+
+    def _seen(self, pod: JSON) -> None:
+        name = pod["metadata"]["name"]
+        if pod["spec"].get("nodeName") and name not in self.bound_at:
+            self.bound_at[name] = time.monotonic()
+
+    def count(self, run: str) -> int:
+        return sum(
+            1
+            for p in self.informer.store.objects()
+            if (p["metadata"].get("labels") or {}).get("bench-run") == run
+        )
+
+
+async def create_all(kube: rest.Kube, pods: list[JSON]) -> dict[str, float]:
+    """Create the pods at once (16 requests in flight); when each create was sent."""
+    sent: dict[str, float] = {}
+    limit = asyncio.Semaphore(16)
+
+    async def one(pod: JSON) -> None:
+        async with limit:
+            sent[pod["metadata"]["name"]] = time.monotonic()
+            await kube.create(rest.PODS, pod, NS)
+
+    await asyncio.gather(*(one(p) for p in pods))
+    return sent
+
+
+async def burst(
+    kube: rest.Kube, binds: Bindings, n: int, scheduler: str | None
+) -> tuple[list[float], float]:
+    """n pods at once: create->bound latencies and pods/s (first create to last bind)."""
+    run = uuid.uuid4().hex[:6]
+    pods = [bench_pod(f"b{run}-{i}", run, scheduler) for i in range(n)]
+    sent = await create_all(kube, pods)
+
+    async def all_bound() -> bool:
+        return all(name in binds.bound_at for name in sent)
+
+    await until(all_bound, f"{n} pods bound", 120 + n)
+    lat = [binds.bound_at[name] - t for name, t in sent.items()]
+    span = max(binds.bound_at[name] for name in sent) - min(sent.values())
+    await finish(kube, binds, run, bridge=scheduler is not None)
+    return lat, n / span if span > 0 else float("inf")
+
+
+async def finish(kube: rest.Kube, binds: Bindings, run: str, *, bridge: bool) -> None:
+    """End the run's pods: bridge pods are reported Succeeded (as a kubelet would when the
+    work ends) so the bridge cancels their jobs and lets them go; then all are deleted."""
+    names = [
+        p["metadata"]["name"]
+        for p in binds.informer.store.objects()
+        if (p["metadata"].get("labels") or {}).get("bench-run") == run
+    ]
+    if bridge:
+        limit = asyncio.Semaphore(16)
+
+        async def succeed(name: str) -> None:
+            async with limit:
+                with contextlib.suppress(rest.ApiError):
+                    await kube.patch(
+                        rest.PODS,
+                        name,
+                        {"status": {"phase": "Succeeded"}},
+                        NS,
+                        subresource="status",
+                    )
+
+        await asyncio.gather(*(succeed(n) for n in names))
+    await kube.request("DELETE", rest.PODS.path(NS), params={"labelSelector": f"bench-run={run}"})
+
+    async def gone() -> bool:
+        return binds.count(run) == 0
+
+    await until(gone, f"pods of run {run} gone", 300)
+
+
+async def single_decisions(
+    kube: rest.Kube, binds: Bindings, proxy: CountingProxy
+) -> tuple[list[float], list[int]]:
+    """One pod at a time: create->bound and slurmrestd bytes in that window."""
+    times: list[float] = []
+    sizes: list[int] = []
+    for _ in range(SINGLE_PODS):
+        run = uuid.uuid4().hex[:6]
+        name = f"s{run}"
+        before = proxy.total
+        sent = await create_all(kube, [bench_pod(name, run, SCHEDULER)])
+
+        async def bound(name: str = name) -> bool:
+            return name in binds.bound_at
+
+        await until(bound, f"pod {name} bound", 120)
+        sizes.append(proxy.total - before)
+        times.append(binds.bound_at[name] - sent[name])
+        await finish(kube, binds, run, bridge=True)
+    return times, sizes
+
+
+# ---------------------------------------------------------------- queued jobs
+
+
+async def queue_jobs(slurm: SlurmClient, n: int, have: list[int]) -> None:
+    """Held batch jobs in partition `all`, up to `n` (Slurm keeps them pending)."""
+    limit = asyncio.Semaphore(8)
+
+    async def one(i: int) -> None:
+        async with limit:
+            job_id = await slurm.submit_job(
+                {
+                    "name": f"bench-queued-{i}",
+                    "partition": "all",
+                    "hold": True,
+                    "current_working_directory": "/tmp",
+                    "environment": ["PATH=/bin:/usr/bin"],
+                },
+                script="#!/bin/sh\ntrue\n",
+            )
+            have.append(job_id)
+
+    await asyncio.gather(*(one(i) for i in range(len(have), n)))
+
+
+async def cancel_jobs(slurm: SlurmClient, ids: list[int]) -> None:
+    limit = asyncio.Semaphore(8)
+
+    async def one(job_id: int) -> None:
+        async with limit:
+            with contextlib.suppress(errors.SlurmError):
+                await slurm.cancel_job(job_id)
+
+    await asyncio.gather(*(one(j) for j in ids))
+
+
+async def give_back(kube: rest.Kube, slurm: SlurmClient, binds: Bindings, names: list[str]) -> None:
+    """Leave the bench test bed as found, while the bridge still runs: every pod of the
+    namespace ended and deleted, the kwok nodes unlabelled, their taint and Slurm nodes
+    removed by the bridge (the other benchmarks use these nodes)."""
+    runs = {
+        (p["metadata"].get("labels") or {}).get("bench-run") for p in binds.informer.store.objects()
+    }
+    for run in runs - {None}:
+        with contextlib.suppress(SystemExit, rest.ApiError):
+            await finish(kube, binds, str(run), bridge=True)
+    for name in names:
+        with contextlib.suppress(rest.ApiError):
+            await kube.patch(rest.NODES, name, {"metadata": {"labels": {EXTERNAL_NODE: None}}})
+
+    async def released() -> bool:
+        nodes, _ = await slurm.list_nodes()
+        if set(names) & {n.name for n in nodes or []}:
+            return False
+        for name in names:
+            taints = (await kube.get(rest.NODES, name))["spec"].get("taints") or []
+            if any(t.get("key") == MANAGED_NODE_TAINT for t in taints):
+                return False
+        return True
+
+    with contextlib.suppress(SystemExit):
+        await until(released, "kwok nodes released by the bridge", 180)
+
+
+# ---------------------------------------------------------------- report
+
+
+def ms(v: float) -> str:
+    return f"{v * 1000:8.0f} ms"
+
+
+async def run() -> None:
+    bed = bench_testbed(kwok_nodes=KWOK_NODES)
+    state = bed.load()
+    kwok = state.kwok_nodes[:KWOK_NODES]
+    if len(kwok) < KWOK_NODES:
+        print(f"  note: the bench test bed has {len(kwok)} kwok nodes (wanted {KWOK_NODES})")
+    work = bed.dir / "bench-bridge"
+    work.mkdir(exist_ok=True)
+    kube = rest.Kube.from_kubeconfig(bed.kubeconfig)
+    slurm = SlurmClient(bed.slurm_rest_url, MintedToken(bed.jwt_key_path.read_bytes(), user="root"))
+    proxy = CountingProxy(bed.slurm_rest_url)
+    proxy_url = await proxy.start()
+    for ns in (NS, OWN_NS):
+        with contextlib.suppress(rest.ApiError):
+            await kube.create(rest.NAMESPACES, {"metadata": {"name": ns}})
+    bridge, _ = await asyncio.to_thread(start_bridge, bed, proxy_url, work)
+    factory = InformerFactory(kube)
+    binds = Bindings(factory)
+    factory.start()
+    queued: list[int] = []
+    results: dict[str, Any] = {}
+    try:
+        await factory.wait_synced()
+        await register_nodes(kube, slurm, kwok)
+        await queue_jobs(slurm, QUEUED_FEW, queued)
+        t_few, b_few = await single_decisions(kube, binds, proxy)
+        for n in BURSTS:
+            results[f"bridge-{n}"] = await burst(kube, binds, n, SCHEDULER)
+            results[f"kube-{n}"] = await burst(kube, binds, n, None)
+        t0 = time.monotonic()
+        await queue_jobs(slurm, QUEUED_MANY, queued)
+        queue_s = time.monotonic() - t0
+        t_many, b_many = await single_decisions(kube, binds, proxy)
+    finally:
+        await cancel_jobs(slurm, queued)
+        await give_back(kube, slurm, binds, kwok)
+        bridge.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            await asyncio.to_thread(bridge.wait, 40)
+        await factory.stop()
+        await proxy.stop()
+        await slurm.close()
+        await kube.close()
+
+    print("\nslurm-bridge scheduler vs kube-scheduler (same pods, same nodes)")
+    print(
+        f"  nodes: {len(kwok)} kwok nodes registered by the bridge as EXTERNAL Slurm nodes "
+        "(32 CPUs): Slurm allocation real, containers not run (kwok)"
+    )
+    print('  pods: cpu 1, memory 64Mi, exclusive: "false" (pods share nodes; all fit at once)')
+    print(f"  machine load average at the end: {os.getloadavg()[0]:.1f} (2 cores, shared)")
+    head = ("pods", "bridge p50", "bridge p99", "kube p50", "kube p99", "p50 ratio")
+    print("  " + " ".join(f"{h:>11}" for h in head) + "  bridge pods/s  kube pods/s")
+    for n in BURSTS:
+        bl, bt = results[f"bridge-{n}"]
+        kl, kt = results[f"kube-{n}"]
+        print(
+            f"  {n:11d} {ms(pct(bl, 50)):>11} {ms(pct(bl, 99)):>11} {ms(pct(kl, 50)):>11} "
+            f"{ms(pct(kl, 99)):>11} {pct(bl, 50) / pct(kl, 50):10.1f}x {bt:14.1f} {kt:12.1f}"
+        )
+    print(
+        f"  single pods one after another (n={SINGLE_PODS}), create -> bound: "
+        f"p50 {ms(pct(t_few, 50)).strip()} p99 {ms(pct(t_few, 99)).strip()}  (target p50 <= 500 ms)"
+    )
+    print("\none scheduling decision vs unrelated jobs queued in Slurm (held, partition all)")
+    med = statistics.median
+    for label, t, b in ((f"{QUEUED_FEW:5d} queued", t_few, b_few),
+                        (f"{len(queued):5d} queued", t_many, b_many)):  # fmt: skip
+        print(f"  {label}: time p50 {ms(med(t)).strip()}, slurmrestd bytes p50 {med(b):,.0f}")
+    print(
+        f"  ratio {len(queued)}/{QUEUED_FEW}: time {med(t_many) / med(t_few):.2f}x, "
+        f"bytes {med(b_many) / med(b_few):.2f}x  (target <= 1.2x; queueing took {queue_s:.0f}s)"
+    )
+
+
+def main() -> None:
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,258 @@
+"""The placeholder job of a pod, as data: what the scheduler submits to Slurm for one pod,
+and how a job's `admin_comment` names the pods it stands for.
+
+Everything here is pure (a pod and the config in, a slurmrestd `job_desc_msg` out), so the
+rules are tested by value:
+
+- one pod, one job: one node, one task; `EXTERNAL_JOB` and no script, so Slurm allocates
+  and kubelet, not slurmd, runs the work;
+- CPUs per task and memory per node are the pod's *effective* resources, as the kubelet
+  admits it: the larger of what its containers need together (sidecars included) and what
+  any init container needs while it runs, plus the pod overhead; for each container the
+  larger of its request and limit (a limit is what it may use on the node); rounded up to
+  whole CPUs and MiB. A pod asking for no memory gets 1 MiB, as Slurm reads 0 as "all of it";
+- GPUs (`nvidia.com/gpu`, `amd.com/gpu`) become `gres/gpu:<n>` per node;
+- the `slurmjob.slinky.slurm.net/*` annotations override or add the rest; exclusive nodes
+  unless `exclusive: "false"`;
+- the job is named `<namespace>/<pod>` unless the pod names it (never `(null)` in squeue).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from slinky.bridge.config import BridgeConfig
+from slinky.bridge.labels import SLURMJOB_PREFIX
+from slinky.kube.quantity import parse_quantity
+
+JSON = dict[str, Any]
+GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
+MIB = Decimal(2**20)
+
+
+class PlaceholderProblem(ValueError):
+    """The pod cannot be described as a Slurm job; `reason` is a CamelCase condition reason."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+# ---------------------------------------------------------------- resources
+
+
+def _amount(container: JSON, resource: str, *, pod: str) -> Decimal:
+    """The larger of a container's request and limit for `resource` (0 when neither)."""
+    resources = container.get("resources") or {}
+    best = Decimal(0)
+    for kind in ("requests", "limits"):
+        text = (resources.get(kind) or {}).get(resource)
+        if text is None:
+            continue
+        try:
+            best = max(best, parse_quantity(text))
+        except ValueError:
+            raise PlaceholderProblem(
+                "InvalidResources",
+                f"pod {pod}: container {container.get('name')!r} {kind}.{resource} "
+                f"is not a quantity: {text!r}",
+            ) from None
+    return best
+
+
+def effective(pod: JSON, resource: str) -> Decimal:
+    """What the pod needs of `resource` at any moment of its life, overhead included."""
+    spec = pod.get("spec") or {}
+    key = pod_key(pod)
+    sidecars = Decimal(0)  # init containers with restartPolicy Always run beside the app
+    init_peak = Decimal(0)
+    for c in spec.get("initContainers") or []:
+        amount = _amount(c, resource, pod=key)
+        if c.get("restartPolicy") == "Always":
+            sidecars += amount
+            init_peak = max(init_peak, sidecars)
+        else:
+            init_peak = max(init_peak, sidecars + amount)
+    app = sum((_amount(c, resource, pod=key) for c in spec.get("containers") or []), Decimal(0))
+    overhead_text = (spec.get("overhead") or {}).get(resource)
+    overhead = parse_quantity(overhead_text) if overhead_text is not None else Decimal(0)
+    return max(app + sidecars, init_peak) + overhead
+
+
+def cpus(pod: JSON) -> int:
+    """Whole CPUs, rounded up; at least one."""
+    return max(1, math.ceil(effective(pod, "cpu")))
+
+
+def memory_mib(pod: JSON) -> int:
+    """MiB, rounded up; at least 1 (0 would ask Slurm for the whole node's memory)."""
+    return max(1, math.ceil(effective(pod, "memory") / MIB))
+
+
+def gpus(pod: JSON) -> int:
+    return sum(math.ceil(effective(pod, r)) for r in GPU_RESOURCES)
+
+
+# ---------------------------------------------------------------- annotations
+
+
+def pod_key(pod: JSON) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace')}/{meta.get('name')}"
+
+
+def _annotation(pod: JSON, short: str) -> str | None:
+    value = ((pod.get("metadata") or {}).get("annotations") or {}).get(SLURMJOB_PREFIX + short)
+    return None if value is None else str(value)
+
+
+def _whole(pod: JSON, short: str, *, least: int) -> int | None:
+    text = _annotation(pod, short)
+    if text is None:
+        return None
+    # ASCII only: str.isdigit() also accepts digits int() cannot read, such as "²".
+    if not (text.isascii() and text.isdigit()) or int(text) < least:
+        raise PlaceholderProblem(
+            "InvalidAnnotation",
+            f"pod {pod_key(pod)}: annotation {SLURMJOB_PREFIX}{short} must be a whole number "
+            f"of at least {least}, got {text!r}",
+        )
+    return int(text)
+
+
+def exclusive(pod: JSON) -> bool:
+    text = _annotation(pod, "exclusive")
+    if text is None or text == "true":
+        return True
+    if text == "false":
+        return False
+    raise PlaceholderProblem(
+        "InvalidAnnotation",
+        f'pod {pod_key(pod)}: annotation {SLURMJOB_PREFIX}exclusive must be "true" or "false", '
+        f"got {text!r}",
+    )
+
+
+def time_limit_minutes(pod: JSON) -> int | None:
+    """The annotation, else the pod's activeDeadlineSeconds rounded up to minutes."""
+    minutes = _whole(pod, "timelimit", least=1)
+    if minutes is not None:
+        return minutes
+    deadline = (pod.get("spec") or {}).get("activeDeadlineSeconds")
+    if deadline:
+        return max(1, math.ceil(int(deadline) / 60))
+    return None
+
+
+def job_name(pod: JSON) -> str:
+    return _annotation(pod, "job-name") or pod_key(pod)
+
+
+# ---------------------------------------------------------------- the job
+
+
+def admin_comment(pods: list[JSON], *, scheduler: str) -> str:
+    """What a placeholder job's admin_comment holds: the pods it stands for (upstream's
+    `{"pods": ["ns/name"]}`), their UIDs, so a pod recreated under the same name is never
+    taken for the old one, and the scheduler name, so two bridges sharing a Slurm cluster
+    never take each other's jobs for their own."""
+    return json.dumps(
+        {
+            "pods": [pod_key(p) for p in pods],
+            "uids": [str((p.get("metadata") or {}).get("uid") or "") for p in pods],
+            "scheduler": scheduler,
+        },
+        separators=(",", ":"),
+    )
+
+
+@dataclass(frozen=True)
+class Comment:
+    """A placeholder job's admin_comment, read back."""
+
+    scheduler: str
+    pods: dict[str, str]  # pod key -> UID ("" when the writer recorded none)
+
+
+def read_comment(text: str) -> Comment | None:
+    """The bridge's admin_comment, or None when the comment is not one."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("pods"), list):
+        return None
+    keys = [str(k) for k in data["pods"]]
+    uids = data["uids"] if isinstance(data.get("uids"), list) else []
+    return Comment(
+        scheduler=str(data.get("scheduler") or ""),
+        pods={k: str(uids[i]) if i < len(uids) else "" for i, k in enumerate(keys)},
+    )
+
+
+def is_placeholder_of(comment_text: str, *, scheduler: str, key: str, uid: str = "") -> bool:
+    """Whether a job's admin_comment says it is `scheduler`'s placeholder for pod `key`
+    (and, when `uid` is given and the comment recorded one, for that very pod, not an
+    earlier pod of the same name)."""
+    comment = read_comment(comment_text)
+    if comment is None or comment.scheduler != scheduler or key not in comment.pods:
+        return False
+    recorded = comment.pods[key]
+    return not uid or not recorded or recorded == uid
+
+
+def job_description(pod: JSON, config: BridgeConfig) -> JSON:
+    """The `job_desc_msg` of the placeholder job for one pod; PlaceholderProblem when an
+    annotation or resource cannot be read."""
+    job: JSON = {
+        "name": job_name(pod),
+        "flags": ["EXTERNAL_JOB"],
+        "admin_comment": admin_comment([pod], scheduler=config.scheduler_name),
+        "current_working_directory": "/tmp",
+        "partition": _annotation(pod, "partition") or config.partition,
+        "minimum_nodes": 1,
+        "maximum_nodes": 1,
+        "tasks": 1,
+        "tasks_per_node": 1,
+        "cpus_per_task": _whole(pod, "cpu-per-task", least=1) or cpus(pod),
+        "memory_per_node": {
+            "set": True,
+            "number": _whole(pod, "mem-per-node", least=1) or memory_mib(pod),
+        },
+    }
+    if config.mcs_label:
+        job["mcs_label"] = config.mcs_label
+    if exclusive(pod):
+        job["shared"] = ["none"]
+    gres = _annotation(pod, "gres")
+    if gres:
+        job["tres_per_node"] = gres if gres.startswith("gres/") else f"gres/{gres}"
+    elif n := gpus(pod):
+        job["tres_per_node"] = f"gres/gpu:{n}"
+    minutes = time_limit_minutes(pod)
+    if minutes is not None:
+        job["time_limit"] = {"set": True, "number": minutes}
+    priority = _whole(pod, "priority", least=0)
+    if priority is not None:
+        job["priority"] = {"set": True, "number": priority}
+    for short, field in (
+        ("account", "account"),
+        ("qos", "qos"),
+        ("reservation", "reservation"),
+        ("licenses", "licenses"),
+        ("constraints", "constraints"),
+        ("wckey", "wckey"),
+    ):
+        value = _annotation(pod, short)
+        if value:
+            job[field] = value
+    for short, field in (("user-id", "user_id"), ("group-id", "group_id")):
+        number = _whole(pod, short, least=0)
+        if number is not None:
+            job[field] = str(number)
+    return job

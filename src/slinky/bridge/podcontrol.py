@@ -1,0 +1,151 @@
+"""Kubernetes-side effects of the scheduler and the workload controller on pods, each one
+request, each safe to repeat. Every write names the pod's UID, so a pod deleted and created
+again under the same name is never changed on behalf of the old one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slinky.bridge.labels import FINALIZER, SLURM_JOBID, SLURM_NODE
+from slinky.kube import conditions, rest
+
+JSON = dict[str, Any]
+POD_SCHEDULED = "PodScheduled"
+TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+def name_ns_uid(pod: JSON) -> tuple[str, str, str]:
+    meta = pod["metadata"]
+    return str(meta["name"]), str(meta["namespace"]), str(meta["uid"])
+
+
+def job_id_of(pod: JSON) -> int | None:
+    """The placeholder job id in the pod's label; None when absent or not a number."""
+    text = ((pod.get("metadata") or {}).get("labels") or {}).get(SLURM_JOBID)
+    return int(text) if text is not None and str(text).isdigit() else None
+
+
+def is_terminal(pod: JSON) -> bool:
+    return (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
+
+
+def is_deleting(pod: JSON) -> bool:
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp"))
+
+
+def node_of(pod: JSON) -> str:
+    return str((pod.get("spec") or {}).get("nodeName") or "")
+
+
+def has_finalizer(pod: JSON) -> bool:
+    return FINALIZER in ((pod.get("metadata") or {}).get("finalizers") or [])
+
+
+async def mark_submitted(kube: rest.Kube, pod: JSON, job_id: int) -> None:
+    """Label the pod with its job id and add the finalizer (strategic merge appends it)."""
+    name, ns, uid = name_ns_uid(pod)
+    await kube.patch(
+        rest.PODS,
+        name,
+        {
+            "metadata": {
+                "uid": uid,
+                "labels": {SLURM_JOBID: str(job_id)},
+                "finalizers": [FINALIZER],
+            }
+        },
+        ns,
+        kind="strategic",
+    )
+
+
+async def annotate_node(kube: rest.Kube, pod: JSON, slurm_node: str) -> None:
+    name, ns, uid = name_ns_uid(pod)
+    await kube.patch(
+        rest.PODS,
+        name,
+        {"metadata": {"uid": uid, "annotations": {SLURM_NODE: slurm_node}}},
+        ns,
+    )
+
+
+async def bind(kube: rest.Kube, pod: JSON, node: str) -> None:
+    name, ns, uid = name_ns_uid(pod)
+    await kube.request(
+        "POST",
+        rest.PODS.path(ns, name, "binding"),
+        body={
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name, "namespace": ns, "uid": uid},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+        },
+    )
+
+
+async def set_unschedulable(kube: rest.Kube, pod: JSON, reason: str, message: str) -> bool:
+    """PodScheduled=False with `reason` and `message` (no write when already so). True
+    when written."""
+    current = (pod.get("status") or {}).get("conditions") or []
+    updated, changed = conditions.set_condition(
+        current, POD_SCHEDULED, False, reason=reason, message=message
+    )
+    if not changed:
+        return False
+    name, ns, uid = name_ns_uid(pod)
+    condition = conditions.find(updated, POD_SCHEDULED)
+    await kube.patch(
+        rest.PODS,
+        name,
+        {"metadata": {"uid": uid}, "status": {"conditions": [condition]}},
+        ns,
+        subresource="status",
+        kind="strategic",
+    )
+    return True
+
+
+async def remove_finalizer(kube: rest.Kube, pod: JSON) -> None:
+    """Remove the bridge's finalizer; the `test` makes a concurrent change fail (422) rather
+    than remove someone else's finalizer. The cached pod may be behind (the finalizer gone
+    already, or the list changed): on a failed test the live pod is read and tried once."""
+    name, ns, uid = name_ns_uid(pod)
+    for attempt in range(2):
+        finalizers = list((pod.get("metadata") or {}).get("finalizers") or [])
+        if FINALIZER not in finalizers:
+            return
+        i = finalizers.index(FINALIZER)
+        try:
+            await kube.patch(
+                rest.PODS,
+                name,
+                [
+                    {"op": "test", "path": f"/metadata/finalizers/{i}", "value": FINALIZER},
+                    {"op": "remove", "path": f"/metadata/finalizers/{i}"},
+                ],
+                ns,
+                kind="json",
+            )
+            return
+        except rest.ApiError as e:
+            if e.not_found:
+                return
+            if e.code != 422 or attempt:
+                raise
+        try:
+            pod = await kube.get(rest.PODS, name, ns)
+        except rest.ApiError as e:
+            if e.not_found:
+                return
+            raise
+        if pod["metadata"].get("uid") != uid:
+            return  # gone, and another pod of the same name in its place
+
+
+async def delete(kube: rest.Kube, pod: JSON) -> None:
+    name, ns, uid = name_ns_uid(pod)
+    try:
+        await kube.delete(rest.PODS, name, ns, uid=uid)
+    except rest.ApiError as e:
+        if not (e.not_found or e.conflict):
+            raise

@@ -1,0 +1,400 @@
+"""One scheduling pass over a pod (key: namespace/name), as named steps:
+
+1. `submit`  — a pending pod of ours with no job gets one placeholder job (see
+               `placeholder`): described, submitted, then the pod is labelled with the job
+               id and gets the finalizer. A pod Slurm refuses stays Pending with
+               PodScheduled=False, reason `SlurmRejected` and Slurm's own message, and is
+               tried again with backoff; a pod that cannot be described at all gets the
+               reason that says why and waits for a change;
+   Before submitting, the pod's nodeSelector, required node affinity and tolerations are
+               turned into `excluded_nodes` (see `constraints`); a pod no managed node can
+               take is not submitted: PodScheduled=False, `NoManagedNodeFits`, saying why;
+2. `place`   — once Slurm allocated the job, the pod is annotated with the Slurm node and
+               bound to the Kubernetes node of that name; while the job pends, the pod says
+               so (PodScheduled=False, `SlurmJobPending`, Slurm's reason).
+
+Never a second job for a pod: the job id is remembered from the moment Slurm answers
+(before the label is written), recovered at start from the jobs' admin_comment for pods that
+have no label yet, and a submission whose answer was lost is looked for in Slurm before it
+is made again.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from slinky.bridge import constraints, placeholder, podcontrol
+from slinky.bridge.config import BridgeConfig
+from slinky.bridge.connection import SlurmConnection
+from slinky.bridge.jobwatch import JobWatch
+from slinky.bridge.labels import SLURM_NODE
+from slinky.bridge.nodes.controller import BY_SLURM_NAME
+from slinky.kube import events, rest
+from slinky.kube.controller import DONE, Result
+from slinky.kube.informer import Informer
+from slinky.slurm import errors
+from slinky.slurm.models import Job, expand_hostlist
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+REJECT_BACKOFF_S = 2.0
+REJECT_BACKOFF_MAX_S = 300.0
+NO_NODE_RECHECK_S = 5.0
+
+_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
+SUBMIT_LATENCY = Histogram(
+    "slurm_bridge_submit_latency_seconds",
+    "From pod creation to its placeholder job's submission",
+    buckets=_LATENCY_BUCKETS,
+)
+BIND_LATENCY = Histogram(
+    "slurm_bridge_bind_latency_seconds",
+    "From pod creation to its binding to the node Slurm allocated",
+    buckets=_LATENCY_BUCKETS,
+)
+PODS_PENDING = Gauge(
+    "slurm_bridge_pods_pending",
+    "Pods whose placeholder job Slurm has not allocated yet, or that no managed node can take",
+)
+PODS_BOUND = Counter("slurm_bridge_pods_bound_total", "Pods bound to the node Slurm allocated")
+SLURM_ERRORS = Counter(
+    "slurm_bridge_slurm_errors_total",
+    "Slurm refusals and failures seen by the scheduler, by reason",
+    ["reason"],
+)
+
+
+def _age(pod: JSON) -> float | None:
+    created = (pod.get("metadata") or {}).get("creationTimestamp")
+    if not created:
+        return None
+    try:
+        at = dt.datetime.strptime(str(created), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+    except ValueError:
+        return None
+    return max(0.0, time.time() - at.timestamp())
+
+
+def slurm_message(e: errors.SlurmError) -> str:
+    """Slurm's own words for a refusal (the error descriptions), else the whole error."""
+    said = [x.error for x in e.errors if x.error_number] or [x.description for x in e.errors]
+    return "; ".join(s for s in said if s) or str(e)
+
+
+class SchedulerSync:
+    """The scheduler's reconciler; see the module docstring for its steps."""
+
+    def __init__(
+        self,
+        kube: rest.Kube,
+        *,
+        config: BridgeConfig,
+        pods: Informer,
+        nodes: Informer,
+        slurm: SlurmConnection,
+        watch: JobWatch,
+        recorder: events.EventRecorder,
+    ) -> None:
+        self.kube = kube
+        self.config = config
+        self.pods = pods
+        self.nodes = nodes
+        self.slurm = slurm
+        self.watch = watch
+        self.recorder = recorder
+        # Pod UID -> job id, from Slurm's answer to our submission (or recovered at start)
+        # until the pod's label says so.
+        self.submitted: dict[str, int] = {}
+        # The same, by pod key: (UID, job id); a pod that goes away before its label says
+        # which job it has leaves a job only this scheduler knows of, so it cancels it.
+        self.unlabelled: dict[str, tuple[str, int]] = {}
+        # Pod key -> UID of pods whose submission may have reached Slurm without us seeing
+        # the answer.
+        self.uncertain: dict[str, str] = {}
+        self.rejections: dict[str, int] = {}
+        # Pods no managed node can take: looked at again when nodes change.
+        self.unfit: set[str] = set()
+        # Job id -> pod key for the jobs this scheduler waits on, and back.
+        self.waiting: dict[int, str] = {}
+        self.waits_on: dict[str, int] = {}
+        PODS_PENDING.set_function(lambda: len(self.waits_on) + len(self.unfit))
+
+    # ------------------------------------------------------------ which pods
+
+    def schedulable(self, pod: JSON | None) -> bool:
+        """A pod of ours that waits for a node."""
+        if pod is None:
+            return False
+        spec = pod.get("spec") or {}
+        return (
+            spec.get("schedulerName") == self.config.scheduler_name
+            and not spec.get("nodeName")
+            and not podcontrol.is_deleting(pod)
+            and not podcontrol.is_terminal(pod)
+        )
+
+    def forget(self, key: str) -> None:
+        self.unfit.discard(key)
+        job_id = self.waits_on.pop(key, None)
+        if job_id is not None:
+            self.waiting.pop(job_id, None)
+            self.watch.untrack(job_id)
+
+    async def reconcile(self, key: str) -> Result:
+        """Submit, label, place: whichever step the pod is at."""
+        pod = self.pods.store.get(key)
+        if pod is None or not self.schedulable(pod):
+            self.forget(key)
+            await self.resolve_uncertain(key, pod)
+            await self.drop_unlabelled(key, pod)
+            return DONE
+        uid = str(pod["metadata"]["uid"])
+        earlier = self.unlabelled.get(key)
+        if earlier is not None and earlier[0] != uid:
+            # A pod of the same name created anew: the job of the one before is no one's.
+            await self.drop_unlabelled(key, pod)
+        job_id = podcontrol.job_id_of(pod)
+        if job_id is not None:
+            self.submitted.pop(uid, None)
+            self.unlabelled.pop(key, None)
+            return await self.place(pod, job_id)
+        job_id = self.submitted.get(uid)
+        if job_id is None:
+            return await self.submit(pod)
+        await podcontrol.mark_submitted(self.kube, pod, job_id)
+        return await self.place(pod, job_id)
+
+    async def drop_unlabelled(self, key: str, pod: JSON | None) -> None:
+        """The pod left the queue: if it never got the label of the job submitted for it,
+        that job is cancelled (no one else could ever find it)."""
+        entry = self.unlabelled.get(key)
+        if entry is None:
+            return
+        uid, job_id = entry
+        if not (
+            pod is not None
+            and str(pod["metadata"].get("uid")) == uid
+            and podcontrol.job_id_of(pod) == job_id
+        ):
+            # Forgotten only once cancelled: a failed cancel is retried with the pod's key.
+            await self.slurm.client.cancel_job(job_id)
+            log.info("job %d: cancelled: pod %s went away before it was labelled", job_id, key)
+        self.unlabelled.pop(key, None)
+        self.submitted.pop(uid, None)
+
+    async def resolve_uncertain(self, key: str, pod: JSON | None) -> None:
+        """A pod whose submission went unanswered left the queue: its job, if Slurm made
+        one, is looked for so that `drop_unlabelled` cancels it."""
+        uid = self.uncertain.get(key)
+        if uid is None:
+            return
+        if (
+            pod is None
+            or str(pod["metadata"].get("uid")) != uid
+            or podcontrol.job_id_of(pod) is None
+        ):
+            await self.find_submitted({uid})
+        self.uncertain.pop(key, None)
+
+    # ------------------------------------------------------------ recovery
+
+    async def recover(self) -> int:
+        """At start: the jobs already submitted for pods that carry no job-id label yet
+        (the scheduler stopped between submit and label). One full read of the job list,
+        and only when such a pod exists. Returns how many were found."""
+        unlabelled = {
+            str(p["metadata"]["uid"])
+            for p in self.pods.store.objects()
+            if self.schedulable(p) and podcontrol.job_id_of(p) is None
+        }
+        if not unlabelled:
+            return 0
+        return len(await self.find_submitted(unlabelled))
+
+    async def find_submitted(self, uids: set[str]) -> dict[str, int]:
+        """Pod UID -> live job id of ours, for the given pods, from every job's comment."""
+        jobs, _ = await self.slurm.client.list_jobs()
+        found: dict[str, int] = {}
+        for job in jobs or []:
+            comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
+            if job.is_finished or comment is None:
+                continue
+            if comment.scheduler != self.config.scheduler_name:
+                continue
+            for key, uid in comment.pods.items():
+                if uid in uids:
+                    found[uid] = job.job_id
+                    self.submitted[uid] = job.job_id
+                    self.unlabelled[key] = (uid, job.job_id)
+                    log.info("pod %s: found its job %d in Slurm", key, job.job_id)
+        return found
+
+    # ------------------------------------------------------------ 1. submit
+
+    async def submit(self, pod: JSON) -> Result:
+        key = placeholder.pod_key(pod)
+        uid = str(pod["metadata"]["uid"])
+        if key in self.uncertain:
+            # One read of the job list answers for every pod whose submission went
+            # unanswered (slurmrestd was down for all of them at once, typically).
+            asked = dict(self.uncertain)
+            found = await self.find_submitted(set(asked.values()))
+            for k, u in asked.items():
+                if self.uncertain.get(k) == u:
+                    del self.uncertain[k]
+            if uid in found:
+                return Result(requeue=True)
+        try:
+            desc = placeholder.job_description(pod, self.config)
+        except placeholder.PlaceholderProblem as p:
+            SLURM_ERRORS.labels(p.reason).inc()
+            if await podcontrol.set_unschedulable(self.kube, pod, p.reason, p.message):
+                self.recorder.event(pod, events.WARNING, p.reason, p.message, action="Schedule")
+            return DONE  # nothing changes until the pod does
+        where = self.placement(pod, str(desc["partition"]))
+        if where.impossible:
+            self.unfit.add(key)
+            message = where.explain()
+            SLURM_ERRORS.labels("NoManagedNodeFits").inc()
+            if await podcontrol.set_unschedulable(self.kube, pod, "NoManagedNodeFits", message):
+                self.recorder.event(
+                    pod, events.WARNING, "NoManagedNodeFits", message, action="Schedule"
+                )
+            return DONE  # a node change brings it back
+        self.unfit.discard(key)
+        if where.excluded:
+            desc["excluded_nodes"] = where.excluded
+        try:
+            job_id = await self.slurm.client.submit_job(desc)
+        except (errors.SlurmUnavailable, errors.SlurmAuthError) as e:
+            # Not an answer about the job: retried with the controller's backoff, after
+            # looking for the job in case the request reached slurmctld.
+            SLURM_ERRORS.labels(type(e).__name__).inc()
+            self.uncertain[key] = uid
+            raise
+        except errors.SlurmError as e:
+            return await self.rejected(pod, e)
+        self.submitted[uid] = job_id
+        self.unlabelled[key] = (uid, job_id)
+        self.rejections.pop(uid, None)
+        age = _age(pod)
+        if age is not None:
+            SUBMIT_LATENCY.observe(age)
+        log.info("pod %s: submitted placeholder job %d (%s)", key, job_id, desc["partition"])
+        await podcontrol.mark_submitted(self.kube, pod, job_id)
+        return await self.place(pod, job_id)
+
+    async def rejected(self, pod: JSON, e: errors.SlurmError) -> Result:
+        """Slurm refused the job: say so on the pod and try again later (the partition may
+        be created, the limit raised); no job was made, so none is left behind."""
+        uid = str(pod["metadata"]["uid"])
+        message = f"Slurm refused the placeholder job: {slurm_message(e)}"
+        SLURM_ERRORS.labels("SlurmRejected").inc()
+        if await podcontrol.set_unschedulable(self.kube, pod, "SlurmRejected", message):
+            self.recorder.event(pod, events.WARNING, "SlurmRejected", message, action="Schedule")
+        n = self.rejections.get(uid, 0)
+        self.rejections[uid] = n + 1
+        delay = min(REJECT_BACKOFF_S * 2**n, REJECT_BACKOFF_MAX_S)
+        log.info("pod %s: %s; trying again in %.0fs", placeholder.pod_key(pod), message, delay)
+        return Result(requeue_after=delay)
+
+    def placement(self, pod: JSON, partition: str) -> constraints.Placement:
+        """The partition's Slurm nodes (Slurm informer cache), split by the pod's constraints."""
+        slurm_nodes = [
+            n.name for n in self.slurm.informer.nodes.values() if partition in n.partitions
+        ]
+        kube_node_of: dict[str, JSON] = {}
+        for name in slurm_nodes:
+            standing = sorted(
+                self.nodes.store.by_index(BY_SLURM_NAME, name), key=lambda n: n["metadata"]["name"]
+            )
+            if standing:
+                kube_node_of[name] = standing[0]
+        return constraints.placement(
+            pod, slurm_nodes, kube_node_of, scheduler_name=self.config.scheduler_name
+        )
+
+    # ------------------------------------------------------------ 2. place
+
+    async def job(self, job_id: int) -> Job | None:
+        if job_id in self.watch.jobs:
+            return self.watch.jobs[job_id]
+        return await self.watch.read(job_id)
+
+    def kube_node(self, slurm_node: str) -> str | None:
+        """The Kubernetes node whose Slurm name is `slurm_node` (label, else its name)."""
+        names = sorted(str(n["metadata"]["name"]) for n in self.nodes.store.by_index(
+            BY_SLURM_NAME, slurm_node
+        ))  # fmt: skip
+        return names[0] if names else None
+
+    async def place(self, pod: JSON, job_id: int) -> Result:
+        key = placeholder.pod_key(pod)
+        self.waiting[job_id] = key
+        self.waits_on[key] = job_id
+        self.watch.track(job_id)
+        job = await self.job(job_id)
+        if job is None or job.is_finished:
+            return DONE  # the workload controller ends the pod with its job
+        if not placeholder.is_placeholder_of(
+            str(job.raw.get("admin_comment") or ""),
+            scheduler=self.config.scheduler_name,
+            key=key,
+            uid=str(pod["metadata"]["uid"]),
+        ):
+            # A label someone else wrote: never bind where another job runs.
+            await podcontrol.set_unschedulable(
+                self.kube,
+                pod,
+                "NotBridgeJob",
+                f"Slurm job {job_id} in the pod's job-id label is not its placeholder job",
+            )
+            return DONE
+        allocated = expand_hostlist(job.nodes) if job.is_running else []
+        if not allocated:
+            state = "/".join(job.state) or "PENDING"
+            why = (
+                f" ({job.state_reason})" if job.state_reason and job.state_reason != "None" else ""
+            )
+            await podcontrol.set_unschedulable(
+                self.kube, pod, "SlurmJobPending", f"Slurm job {job_id} is {state}{why}"
+            )
+            return DONE  # the job watch brings the pod back when the job changes
+        slurm_node = allocated[0]
+        node = self.kube_node(slurm_node)
+        if node is None:
+            message = (
+                f"Slurm job {job_id} was allocated Slurm node {slurm_node}, which no "
+                "Kubernetes node stands for"
+            )
+            self.recorder.event(pod, events.WARNING, "NodeNotFound", message, action="Bind")
+            return Result(requeue_after=NO_NODE_RECHECK_S)
+        annotations = (pod["metadata"].get("annotations")) or {}
+        if annotations.get(SLURM_NODE) != slurm_node:
+            await podcontrol.annotate_node(self.kube, pod, slurm_node)
+        try:
+            await podcontrol.bind(self.kube, pod, node)
+        except rest.ApiError as e:
+            if e.not_found or e.conflict:
+                return DONE  # deleted, or bound already (by an earlier pass)
+            raise
+        age = _age(pod)
+        if age is not None:
+            BIND_LATENCY.observe(age)
+        PODS_BOUND.inc()
+        log.info("pod %s: bound to %s (Slurm job %d on %s)", key, node, job_id, slurm_node)
+        self.recorder.event(
+            pod,
+            events.NORMAL,
+            "Scheduled",
+            f"Slurm job {job_id} allocated Slurm node {slurm_node}; bound to node {node}",
+            action="Bind",
+        )
+        self.forget(key)
+        return DONE

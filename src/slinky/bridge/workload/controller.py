@@ -1,0 +1,72 @@
+"""What the workload controller watches, and which events bring which pod back.
+
+- The bridge's pods (field selector on the scheduler name) that carry a job id or the
+  finalizer; a deleted pod's job id is kept until its key is reconciled.
+- Their placeholder jobs (the job watch): a job whose state changed, or that Slurm forgot,
+  brings back every pod of the job (index job id -> pods).
+- Slurm nodes: a changed node makes the jobs on it due for a read at once, so a job that
+  ends (scancel, time limit, node failure) is noticed within one Slurm informer poll.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slinky.bridge import podcontrol
+from slinky.bridge.config import BridgeConfig
+from slinky.bridge.connection import SlurmConnection
+from slinky.bridge.jobwatch import JobWatch
+from slinky.bridge.scheduler.controller import pods_informer
+from slinky.bridge.workload.sync import BY_JOB, WorkloadSync, index_job
+from slinky.kube import events, rest
+from slinky.kube.controller import Controller
+from slinky.kube.informer import Handler, InformerFactory
+from slinky.kube.store import key_of
+from slinky.slurm.informer import SlurmEvent
+
+JSON = dict[str, Any]
+NAME = "bridge-workload"
+
+
+def relevant(pod: JSON) -> bool:
+    return podcontrol.job_id_of(pod) is not None or podcontrol.has_finalizer(pod)
+
+
+def build(
+    kube: rest.Kube,
+    factory: InformerFactory,
+    slurm: SlurmConnection,
+    recorder: events.EventRecorder,
+    config: BridgeConfig,
+    *,
+    workers: int = 4,
+    job_recheck: float = 10.0,
+) -> tuple[Controller, WorkloadSync, JobWatch]:
+    pods = pods_informer(factory, config)
+    pods.store.add_indexer(BY_JOB, index_job)
+
+    def on_job(job_id: int) -> None:
+        for pod in pods.store.by_index(BY_JOB, str(job_id)):
+            ctrl.enqueue(key_of(pod))
+
+    watch = JobWatch(slurm.client, on_change=on_job, max_interval=job_recheck)
+    sync = WorkloadSync(kube, config=config, pods=pods, slurm=slurm, watch=watch, recorder=recorder)
+    ctrl = Controller(NAME, sync, workers=workers)
+
+    def remember_gone(pod: JSON) -> None:
+        job_id = podcontrol.job_id_of(pod)
+        if job_id is not None:
+            sync.gone[key_of(pod)] = job_id
+
+    pods.add_handler(Handler(on_delete=remember_gone))
+    ctrl.watch(
+        pods,
+        predicate=lambda old, new: relevant(new) or (old is not None and relevant(old)),
+    )
+
+    def on_slurm(event: SlurmEvent) -> None:
+        if event.kind == "node":
+            watch.node_changed(event.name)
+
+    slurm.informer.subscribe(on_slurm)
+    return ctrl, sync, watch

@@ -1,0 +1,207 @@
+"""One reconcile of a bridge pod that has a placeholder job (key: namespace/name), as named
+steps. Slurm is the source of truth for what runs on managed nodes:
+
+1. `pod_gone`      — the pod is gone: its job is cancelled unless another pod of the job
+                     still runs;
+2. `pod_finished`  — the pod is terminal (Succeeded/Failed), or deleted while it never left
+                     Pending: its job is cancelled (same rule), then the finalizer goes. A
+                     bound pod that is Terminating but still runs keeps its job until the
+                     kubelet reports it terminal, so its containers keep what Slurm gave them;
+3. `job_ended`     — the job ended in Slurm (completed, cancelled with scancel, timed out,
+                     node failure) or Slurm no longer knows it: the pod is deleted, with an
+                     event naming the job's state.
+
+`cancel_orphans` runs once at start: a live job of ours whose pods are all gone (confirmed
+by the apiserver, not only the cache) is cancelled.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from slinky.bridge import placeholder, podcontrol
+from slinky.bridge.config import BridgeConfig
+from slinky.bridge.connection import SlurmConnection
+from slinky.bridge.jobwatch import JobWatch
+from slinky.bridge.labels import SLURM_JOBID
+from slinky.kube import events, rest
+from slinky.kube.controller import DONE, Result
+from slinky.kube.informer import Informer
+from slinky.slurm.models import Job
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+BY_JOB = "slurm-jobid"
+
+
+def index_job(pod: JSON) -> list[str]:
+    job_id = podcontrol.job_id_of(pod)
+    return [str(job_id)] if job_id is not None else []
+
+
+def state_of(job: Job | None) -> str:
+    if job is None:
+        return "no longer known to Slurm"
+    return "/".join(job.state) or "UNKNOWN"
+
+
+class WorkloadSync:
+    """The workload controller's reconciler; see the module docstring for its steps."""
+
+    def __init__(
+        self,
+        kube: rest.Kube,
+        *,
+        config: BridgeConfig,
+        pods: Informer,
+        slurm: SlurmConnection,
+        watch: JobWatch,
+        recorder: events.EventRecorder,
+    ) -> None:
+        self.kube = kube
+        self.config = config
+        self.pods = pods
+        self.slurm = slurm
+        self.watch = watch
+        self.recorder = recorder
+        # Pod key -> job id of pods deleted from the cache, until reconciled.
+        self.gone: dict[str, int] = {}
+
+    async def reconcile(self, key: str) -> Result:
+        pod = self.pods.store.get(key)
+        if pod is None:
+            return await self.pod_gone(key)
+        job_id = podcontrol.job_id_of(pod)
+        if job_id is None:
+            if podcontrol.is_terminal(pod) or podcontrol.is_deleting(pod):
+                await podcontrol.remove_finalizer(self.kube, pod)
+            return DONE
+        if podcontrol.is_terminal(pod) or (
+            podcontrol.is_deleting(pod) and not podcontrol.node_of(pod)
+        ):
+            return await self.pod_finished(pod, job_id)
+        if podcontrol.is_deleting(pod):
+            return DONE  # still running: the kubelet reports it terminal, which brings it back
+        return await self.job_ended(pod, job_id)
+
+    async def job(self, job_id: int) -> Job | None:
+        self.watch.track(job_id)
+        if job_id in self.watch.jobs:
+            return self.watch.jobs[job_id]
+        return await self.watch.read(job_id)
+
+    def others_running(self, job_id: int, key: str) -> bool:
+        """Whether a pod of the job other than `key` still runs or waits to."""
+        return any(
+            placeholder.pod_key(p) != key
+            and not podcontrol.is_terminal(p)
+            and not podcontrol.is_deleting(p)
+            for p in self.pods.store.by_index(BY_JOB, str(job_id))
+        )
+
+    def owns(self, job: Job | None, key: str, uid: str = "") -> bool:
+        """Whether the job is this scheduler's placeholder for pod `key`, by its
+        admin_comment: a job-id label alone (anyone who may patch the pod can set one)
+        never gets a job cancelled or a pod deleted."""
+        return job is not None and placeholder.is_placeholder_of(
+            str(job.raw.get("admin_comment") or ""),
+            scheduler=self.config.scheduler_name,
+            key=key,
+            uid=uid,
+        )
+
+    async def cancel(self, job_id: int, key: str, why: str, uid: str = "") -> None:
+        if self.others_running(job_id, key):
+            return
+        job = await self.job(job_id)
+        if job is None or job.is_finished:
+            self.watch.untrack(job_id)
+            return
+        if not self.owns(job, key, uid):
+            log.warning(
+                "job %d: not cancelled (%s): its admin_comment does not name %s", job_id, why, key
+            )
+            self.watch.untrack(job_id)
+            return
+        await self.slurm.client.cancel_job(job_id)
+        self.slurm.informer.poke()
+        self.watch.untrack(job_id)
+        log.info("job %d: cancelled (%s)", job_id, why)
+
+    # ------------------------------------------------------------ 1. pod gone
+
+    async def pod_gone(self, key: str) -> Result:
+        job_id = self.gone.pop(key, None)
+        if job_id is not None:
+            await self.cancel(job_id, key, f"pod {key} was deleted")
+        return DONE
+
+    # ------------------------------------------------------------ 2. pod finished
+
+    async def pod_finished(self, pod: JSON, job_id: int) -> Result:
+        key = placeholder.pod_key(pod)
+        phase = (pod.get("status") or {}).get("phase") or "Pending"
+        why = f"pod {key} is {phase}" + (" and deleted" if podcontrol.is_deleting(pod) else "")
+        await self.cancel(job_id, key, why, str(pod["metadata"].get("uid") or ""))
+        await podcontrol.remove_finalizer(self.kube, pod)
+        return DONE
+
+    # ------------------------------------------------------------ 3. job ended
+
+    async def job_ended(self, pod: JSON, job_id: int) -> Result:
+        job = await self.job(job_id)
+        if job is not None and not job.is_finished:
+            return DONE
+        key = placeholder.pod_key(pod)
+        if job is not None and not self.owns(job, key, str(pod["metadata"].get("uid") or "")):
+            self.recorder.event(
+                pod,
+                events.WARNING,
+                "NotBridgeJob",
+                f"Slurm job {job_id} in label {SLURM_JOBID} is not this pod's placeholder job; "
+                "the pod is left alone",
+            )
+            return DONE
+        state = state_of(job)
+        message = f"Slurm job {job_id} is {state}: deleting the pod"
+        log.info("pod %s: %s", key, message)
+        self.recorder.event(pod, events.WARNING, "SlurmJobEnded", message, action="Delete")
+        await podcontrol.delete(self.kube, pod)
+        return DONE
+
+    # ------------------------------------------------------------ start-up
+
+    async def cancel_orphans(self) -> int:
+        """Cancel live jobs of ours whose pods are all gone (one full read of the job list,
+        at start only). Returns how many were cancelled."""
+        jobs, _ = await self.slurm.client.list_jobs()
+        cancelled = 0
+        for job in jobs or []:
+            comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
+            if job.is_finished or comment is None:
+                continue
+            if comment.scheduler != self.config.scheduler_name:
+                continue
+            if [key for key, uid in comment.pods.items() if await self.exists(key, uid)]:
+                continue
+            await self.slurm.client.cancel_job(job.job_id)
+            log.info("job %d: cancelled: its pods %s are gone", job.job_id, list(comment.pods))
+            cancelled += 1
+        return cancelled
+
+    async def exists(self, key: str, uid: str) -> bool:
+        """Whether the pod (that very one, when the UID is known) exists; asks the
+        apiserver when the cache says no, as the cache may lag a pod created a moment ago."""
+        cached = self.pods.store.get(key)
+        if cached is not None and (not uid or cached["metadata"].get("uid") == uid):
+            return True
+        ns, _, name = key.partition("/")
+        try:
+            live = await self.kube.get(rest.PODS, name, ns)
+        except rest.ApiError as e:
+            if e.not_found:
+                return False
+            raise
+        return not uid or live["metadata"].get("uid") == uid

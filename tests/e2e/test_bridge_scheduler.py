@@ -1,0 +1,462 @@
+"""The bridge's scheduler and workload controller against the real apiserver, real Slurm and
+a real node (kubelet + containerd) that the bridge's node controller registered in Slurm:
+Slurm places each pod through an EXTERNAL placeholder job, the kubelet runs it, and the two
+sides end together."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import httpx2
+import pytest
+
+from slinky.bridge import placeholder
+from slinky.bridge.config import parse_config
+from slinky.bridge.labels import EXTERNAL_NODE, FINALIZER, SLURM_JOBID, SLURM_NODE, SLURMJOB_PREFIX
+from slinky.bridge.nodes.registration import registered_for
+from slinky.kube import conditions, rest
+from slinky.slurm.models import Job
+from slinky_testbed import nodes
+from slinky_testbed.waiting import wait_for
+from tests.e2e.bridge_fixtures import SCHEDULER, BridgeEnv, bridge_config, wait_slurm_node
+
+JSON = dict[str, Any]
+TAINT = f"{SCHEDULER}:NoExecute"
+
+
+@pytest.fixture(scope="module")
+async def managed_node(bridge_env: BridgeEnv) -> AsyncIterator[str]:
+    """One real node of the test bed, registered in Slurm by the bridge for this module, and
+    given back (unlabelled, its Slurm node removed, untainted) afterwards."""
+    env = bridge_env
+    if env.bridge.lost_leadership():
+        await env.bridge.restart()
+    name = env.testbed.load().real_nodes[-1]
+    await env.kube.patch(rest.NODES, name, {"metadata": {"labels": {EXTERNAL_NODE: "true"}}})
+    try:
+        await wait_slurm_node(
+            env,
+            name,
+            lambda n: n is not None and registered_for(n) == name and not n.state.is_drain,
+            f"real node {name} registered in Slurm by the bridge",
+            timeout=60,
+        )
+
+        async def tainted() -> bool:
+            return await env.taint_values(name) == [TAINT]
+
+        await wait_for(tainted, timeout=30, what=f"node {name} tainted")
+        yield name
+    finally:
+        await env.kube.patch(rest.NODES, name, {"metadata": {"labels": {EXTERNAL_NODE: None}}})
+        await wait_slurm_node(env, name, lambda n: n is None, f"{name} gone from Slurm", 60)
+
+        async def untainted() -> bool:
+            return await env.taint_values(name) == []
+
+        await wait_for(untainted, timeout=30, what=f"node {name} untainted")
+
+
+def workload_pod(name: str, args: list[str], annotations: dict[str, str] | None = None) -> JSON:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": annotations or {}},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 2,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": nodes.image_ref("slurm"),
+                    "imagePullPolicy": "IfNotPresent",
+                    "args": args,
+                    "resources": {"requests": {"cpu": "500m", "memory": "64Mi"}},
+                }
+            ],
+        },
+    }
+
+
+async def get_pod(env: BridgeEnv, name: str, ns: str) -> JSON | None:
+    try:
+        return await env.kube.get(rest.PODS, name, ns)
+    except rest.ApiError as e:
+        if e.not_found:
+            return None
+        raise
+
+
+async def pod_where(
+    env: BridgeEnv, name: str, ns: str, ok: Callable[[JSON], Any], what: str, *, timeout: float = 60
+) -> JSON:
+    async def check() -> JSON | None:
+        pod = await get_pod(env, name, ns)
+        return pod if pod is not None and ok(pod) else None
+
+    return await wait_for(check, timeout=timeout, interval=0.2, what=f"pod {name}: {what}")
+
+
+async def pod_gone(env: BridgeEnv, name: str, ns: str, timeout: float = 60) -> None:
+    async def gone() -> bool:
+        return await get_pod(env, name, ns) is None
+
+    await wait_for(gone, timeout=timeout, interval=0.2, what=f"pod {name} deleted")
+
+
+async def job_ended(env: BridgeEnv, job_id: int, timeout: float = 30) -> Job:
+    async def ended() -> Job | None:
+        job = await env.slurm.get_job(job_id)
+        return job if job.is_finished else None
+
+    return await wait_for(ended, timeout=timeout, interval=0.2, what=f"Slurm job {job_id} ended")
+
+
+def metric(env: BridgeEnv, name: str) -> float:
+    """A metric without labels, from the bridge's /metrics."""
+    for line in httpx2.get(f"{env.bridge.metrics_url}/metrics", timeout=5).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"metric {name} not exported")
+
+
+def job_id(pod: JSON) -> int:
+    return int(pod["metadata"]["labels"][SLURM_JOBID])
+
+
+async def pod_events(env: BridgeEnv, name: str, ns: str, reason: str) -> list[str]:
+    items = (await env.kube.list(rest.EVENTS, ns))["items"]
+    return [
+        str(e.get("note"))
+        for e in items
+        if (e.get("regarding") or {}).get("name") == name and e.get("reason") == reason
+    ]
+
+
+async def test_a_pod_runs_where_slurm_placed_it_and_its_job_ends_when_it_exits(
+    bridge: BridgeEnv, managed_node: str
+) -> None:
+    env, ns = bridge, bridge.managed_namespace
+    name = f"runs-{uuid.uuid4().hex[:6]}"
+    await env.kube.create(rest.PODS, workload_pod(name, ["sh", "-c", "sleep 1"]), ns)
+    bound = await pod_where(
+        env, name, ns, lambda p: p["spec"].get("nodeName"), "bound to a node", timeout=60
+    )
+    job = await env.slurm.get_job(job_id(bound))
+    # Bound only where Slurm allocated the job; the pod says which job and which node.
+    assert bound["spec"]["nodeName"] == managed_node
+    assert bound["metadata"]["annotations"][SLURM_NODE] == managed_node
+    assert job.nodes == managed_node
+    assert FINALIZER in bound["metadata"]["finalizers"]
+    assert job.name == f"{ns}/{name}"
+    assert "EXTERNAL_JOB" in job.flags
+    comment = placeholder.read_comment(str(job.raw.get("admin_comment")))
+    assert comment is not None and comment.pods == {f"{ns}/{name}": bound["metadata"]["uid"]}
+    slurm_node = await env.slurm_node(managed_node)
+    assert slurm_node is not None
+    assert job.cpus == slurm_node.cpus  # the whole node: exclusive unless the pod says otherwise
+
+    done = await pod_where(
+        env, name, ns, lambda p: p["status"].get("phase") == "Succeeded", "Succeeded", timeout=90
+    )
+    ended = await job_ended(env, job.job_id)
+    # Slurm has no call that completes an EXTERNAL job, so the bridge cancels it once its
+    # pod exited; what matters is that the allocation ends with the pod, not later.
+    assert ended.state == ["CANCELLED"], ended.state
+    await pod_where(
+        env,
+        name,
+        ns,
+        lambda p: FINALIZER not in (p["metadata"].get("finalizers") or []),
+        "finalizer removed",
+        timeout=30,
+    )
+    assert done["metadata"]["labels"][SLURM_JOBID] == str(job.job_id)
+    assert metric(env, "slurm_bridge_bind_latency_seconds_count") >= 1
+    assert metric(env, "slurm_bridge_pods_bound_total") >= 1
+    await env.kube.delete(rest.PODS, name, ns)
+    await pod_gone(env, name, ns)
+
+
+async def test_scancel_of_the_placeholder_job_deletes_its_pod(
+    bridge: BridgeEnv, managed_node: str
+) -> None:
+    env, ns = bridge, bridge.managed_namespace
+    name = f"scancel-{uuid.uuid4().hex[:6]}"
+    await env.kube.create(rest.PODS, workload_pod(name, ["sleep", "600"]), ns)
+    running = await pod_where(
+        env, name, ns, lambda p: p["status"].get("phase") == "Running", "Running", timeout=90
+    )
+    await env.slurm.cancel_job(job_id(running))
+    await pod_gone(env, name, ns, timeout=60)
+    notes = await pod_events(env, name, ns, "SlurmJobEnded")
+    assert any("CANCELLED" in n for n in notes), notes
+
+
+async def test_deleting_a_pending_pod_cancels_its_job(bridge: BridgeEnv, managed_node: str) -> None:
+    env, ns = bridge, bridge.managed_namespace
+    name = f"pending-{uuid.uuid4().hex[:6]}"
+    # More CPUs than any node has: Slurm takes the job and keeps it pending.
+    pod = workload_pod(name, ["sleep", "600"], {SLURMJOB_PREFIX + "cpu-per-task": "64"})
+    await env.kube.create(rest.PODS, pod, ns)
+    waiting = await pod_where(
+        env,
+        name,
+        ns,
+        lambda p: (
+            conditions.find(p["status"].get("conditions"), "PodScheduled") is not None
+            and conditions.find(p["status"]["conditions"], "PodScheduled")["reason"]  # type: ignore[index]
+            == "SlurmJobPending"
+        ),
+        "PodScheduled=False SlurmJobPending",
+    )
+    job = await env.slurm.get_job(job_id(waiting))
+    assert job.is_pending
+    await env.kube.delete(rest.PODS, name, ns)
+    await pod_gone(env, name, ns)
+    assert (await job_ended(env, job.job_id)).state == ["CANCELLED"]
+
+
+async def test_a_rejected_submission_is_explained_on_the_pod(
+    bridge: BridgeEnv, managed_node: str
+) -> None:
+    env, ns = bridge, bridge.managed_namespace
+    name = f"rejected-{uuid.uuid4().hex[:6]}"
+    pod = workload_pod(name, ["sleep", "600"], {SLURMJOB_PREFIX + "partition": "no-such-part"})
+    await env.kube.create(rest.PODS, pod, ns)
+
+    def rejected(p: JSON) -> bool:
+        c = conditions.find(p["status"].get("conditions"), "PodScheduled")
+        return c is not None and c["status"] == "False" and c["reason"] == "SlurmRejected"
+
+    got = await pod_where(env, name, ns, rejected, "PodScheduled=False SlurmRejected")
+    message = conditions.find(got["status"]["conditions"], "PodScheduled")["message"]  # type: ignore[index]
+    assert "Invalid partition name specified" in message, message
+    assert got["status"]["phase"] == "Pending"
+    assert SLURM_JOBID not in (got["metadata"].get("labels") or {})
+
+    async def event() -> list[str]:
+        return await pod_events(env, name, ns, "SlurmRejected")
+
+    await wait_for(event, timeout=30, what="SlurmRejected event")
+    await env.kube.delete(rest.PODS, name, ns)
+    await pod_gone(env, name, ns)
+
+
+async def test_a_restart_after_submit_makes_no_second_job(
+    bridge: BridgeEnv, managed_node: str, namespace: str
+) -> None:
+    """The scheduler stopped right after Slurm took the job, before it labelled the pod:
+    started again, it finds the job by its admin_comment and binds the pod through it."""
+    env = bridge
+    name = f"restart-{uuid.uuid4().hex[:6]}"
+    pod = workload_pod(name, ["sleep", "600"])
+    # An unmanaged namespace (no webhook): the pod names the scheduler itself.
+    pod["spec"]["schedulerName"] = SCHEDULER
+    pod["spec"]["tolerations"] = [parse_config({}).toleration()]
+    assert env.bridge.stop() == 0
+    try:
+        created = await env.kube.create(rest.PODS, pod, namespace)
+        config = parse_config(bridge_config(env.testbed, [env.managed_namespace]))
+        first = await env.slurm.submit_job(placeholder.job_description(created, config))
+    finally:
+        await env.bridge.restart()
+    bound = await pod_where(
+        env, name, namespace, lambda p: p["spec"].get("nodeName"), "bound after the restart"
+    )
+    assert job_id(bound) == first
+    jobs, _ = await env.slurm.list_jobs()
+    for_pod = [
+        j.job_id
+        for j in jobs or []
+        if created["metadata"]["uid"] in str(j.raw.get("admin_comment") or "")
+    ]
+    assert for_pod == [first]
+    await env.kube.delete(rest.PODS, name, namespace)
+    await pod_gone(env, name, namespace)
+    assert (await job_ended(env, first)).state == ["CANCELLED"]
+    with contextlib.suppress(Exception):
+        await env.slurm.cancel_job(first)
+
+
+async def test_a_node_selector_excludes_nodes_in_slurms_view(
+    bridge: BridgeEnv, managed_node: str
+) -> None:
+    env, ns = bridge, bridge.managed_namespace
+    other = await env.create_node(labels={EXTERNAL_NODE: "true"})  # managed, no kubelet
+    await wait_slurm_node(
+        env, other, lambda n: n is not None and registered_for(n) == other, f"{other} registered"
+    )
+    nowhere = f"nowhere-{uuid.uuid4().hex[:6]}"
+    pod = workload_pod(nowhere, ["sleep", "600"])
+    pod["spec"]["nodeSelector"] = {"e2e.slinky.slurm.net/no-such-label": "x"}
+    await env.kube.create(rest.PODS, pod, ns)
+
+    def unfit(p: JSON) -> bool:
+        c = conditions.find(p["status"].get("conditions"), "PodScheduled")
+        # Both managed nodes considered: the scheduler sees the second one too.
+        return c is not None and c["reason"] == "NoManagedNodeFits" and "0/2" in c["message"]
+
+    got = await pod_where(env, nowhere, ns, unfit, "PodScheduled=False NoManagedNodeFits")
+    assert SLURM_JOBID not in (got["metadata"].get("labels") or {})  # never submitted
+
+    there = f"there-{uuid.uuid4().hex[:6]}"
+    pod = workload_pod(there, ["sleep", "600"])
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": managed_node}
+    await env.kube.create(rest.PODS, pod, ns)
+    bound = await pod_where(env, there, ns, lambda p: p["spec"].get("nodeName"), "bound")
+    assert bound["spec"]["nodeName"] == managed_node
+    job = await env.slurm.get_job(job_id(bound))
+    assert other in str(job.raw.get("excluded_nodes")), job.raw.get("excluded_nodes")
+    assert managed_node not in str(job.raw.get("excluded_nodes"))
+    for name in (nowhere, there):
+        await env.kube.delete(rest.PODS, name, ns)
+    for name in (nowhere, there):
+        await pod_gone(env, name, ns)
+    assert (await job_ended(env, job.job_id)).state == ["CANCELLED"]
+
+
+@pytest.fixture
+async def both_nodes(bridge: BridgeEnv, managed_node: str) -> AsyncIterator[list[str]]:
+    """Both real nodes of the test bed managed by the bridge: the module's one, and the other
+    for this test only (given back unlabelled and gone from Slurm afterwards)."""
+    env = bridge
+    other = next(n for n in env.testbed.load().real_nodes if n != managed_node)
+    await env.kube.patch(rest.NODES, other, {"metadata": {"labels": {EXTERNAL_NODE: "true"}}})
+    try:
+        await wait_slurm_node(
+            env,
+            other,
+            lambda n: n is not None and registered_for(n) == other and not n.state.is_drain,
+            f"real node {other} registered in Slurm by the bridge",
+            timeout=60,
+        )
+
+        async def tainted() -> bool:
+            return await env.taint_values(other) == [TAINT]
+
+        await wait_for(tainted, timeout=30, what=f"node {other} tainted")
+        yield [managed_node, other]
+    finally:
+        await env.kube.patch(rest.NODES, other, {"metadata": {"labels": {EXTERNAL_NODE: None}}})
+        await wait_slurm_node(env, other, lambda n: n is None, f"{other} gone from Slurm", 60)
+
+
+# Twice as many pods as nodes: half run, half wait for a node. Not 50: Slurm starts a
+# pending job only at its next scheduling pass after an EXTERNAL job is cancelled (no slurmd
+# epilog triggers one), ~30 s on the test bed, so 50 pods on 2 nodes would take ~12 min.
+BURST = 4
+
+
+async def test_pods_created_at_once_each_get_an_exclusive_node_or_wait(
+    bridge: BridgeEnv, both_nodes: list[str]
+) -> None:
+    """More pods than nodes, all at once: Slurm gives each placeholder job a whole node, the
+    others wait in Slurm's queue, and each pod runs once its job has a node: never two jobs
+    on one node at a time, every pod bound where its job ran, every pod run to the end."""
+    env, ns = bridge, bridge.managed_namespace
+    burst = f"burst-{uuid.uuid4().hex[:6]}"
+    names = [f"{burst}-{i}" for i in range(BURST)]
+    for name in names:
+        pod = workload_pod(name, ["sh", "-c", "exit 0"])
+        pod["metadata"]["labels"] = {"e2e-burst": burst}
+        await env.kube.create(rest.PODS, pod, ns)
+
+    async def all_done() -> list[JSON] | None:
+        items = (
+            await env.kube.list(rest.PODS, ns, params={"labelSelector": f"e2e-burst={burst}"})
+        )["items"]
+        phases = [p["status"].get("phase") for p in items]
+        assert "Failed" not in phases, [p["metadata"]["name"] for p in items]
+        return items if phases.count("Succeeded") == BURST else None
+
+    pods = await wait_for(all_done, timeout=60 + 30 * BURST, interval=1, what="every pod Succeeded")
+    jobs: dict[int, Job] = {}
+    for p in pods:
+        jid = job_id(p)
+        jobs[jid] = await job_ended(env, jid)
+        # Bound where Slurm ran its job, and only there.
+        assert p["spec"]["nodeName"] == jobs[jid].nodes, (p["metadata"]["name"], jobs[jid].nodes)
+        assert jobs[jid].state == ["CANCELLED"], jobs[jid].state  # ended with its pod
+        assert int(jobs[jid].raw.get("restart_cnt") or 0) == 0
+    assert len(jobs) == BURST  # one job per pod, none made twice
+    assert {j.nodes for j in jobs.values()} == set(both_nodes)  # both nodes were used
+    for node in both_nodes:
+        spans = sorted((j.start_time or 0, j.end_time or 0, j.job_id) for j in jobs.values()
+                       if j.nodes == node)  # fmt: skip
+        for (_, end, a), (start, _, b) in itertools.pairwise(spans):
+            assert start >= end, f"jobs {a} and {b} shared node {node}"
+    await env.kube.request(
+        "DELETE", rest.PODS.path(ns), params={"labelSelector": f"e2e-burst={burst}"}
+    )
+    for name in names:
+        await pod_gone(env, name, ns)
+
+
+async def test_a_restart_between_label_and_bind_binds_through_the_labelled_job(
+    bridge: BridgeEnv, managed_node: str, namespace: str
+) -> None:
+    """The scheduler stopped after it labelled the pod with its job, before it bound it:
+    started again, it binds the pod where Slurm put that job, and makes no other job."""
+    env = bridge
+    name = f"labelled-{uuid.uuid4().hex[:6]}"
+    pod = workload_pod(name, ["sleep", "600"])
+    pod["spec"]["schedulerName"] = SCHEDULER  # an unmanaged namespace: no webhook
+    pod["spec"]["tolerations"] = [parse_config({}).toleration()]
+    assert env.bridge.stop() == 0
+    try:
+        created = await env.kube.create(rest.PODS, pod, namespace)
+        config = parse_config(bridge_config(env.testbed, [env.managed_namespace]))
+        first = await env.slurm.submit_job(placeholder.job_description(created, config))
+        await env.kube.patch(
+            rest.PODS,
+            name,
+            {"metadata": {"labels": {SLURM_JOBID: str(first)}, "finalizers": [FINALIZER]}},
+            namespace,
+            kind="strategic",
+        )
+    finally:
+        await env.bridge.restart()
+    bound = await pod_where(
+        env, name, namespace, lambda p: p["spec"].get("nodeName"), "bound after the restart"
+    )
+    job = await env.slurm.get_job(first)
+    assert bound["spec"]["nodeName"] == job.nodes == managed_node
+    jobs, _ = await env.slurm.list_jobs()
+    uid = created["metadata"]["uid"]
+    assert [j.job_id for j in jobs or [] if uid in str(j.raw.get("admin_comment") or "")] == [first]
+    await env.kube.delete(rest.PODS, name, namespace)
+    await pod_gone(env, name, namespace)
+    assert (await job_ended(env, first)).state == ["CANCELLED"]
+
+
+async def test_at_start_the_jobs_of_pods_that_are_gone_are_cancelled_and_no_other(
+    bridge: BridgeEnv, managed_node: str, namespace: str
+) -> None:
+    """Pods deleted while no bridge ran leave their jobs behind: the next bridge cancels
+    them at start. A job of another scheduler sharing the cluster is left alone."""
+    env = bridge
+    config = parse_config(bridge_config(env.testbed, [env.managed_namespace]))
+    # Never runs (more CPUs than a node has): the test holds no node.
+    gone_pod = workload_pod(f"gone-{uuid.uuid4().hex[:6]}", ["sleep", "600"],
+                            {SLURMJOB_PREFIX + "cpu-per-task": "64"})  # fmt: skip
+    gone_pod["metadata"].update(namespace=namespace, uid=str(uuid.uuid4()))
+    assert env.bridge.stop() == 0
+    try:
+        orphan = await env.slurm.submit_job(placeholder.job_description(gone_pod, config))
+        theirs_desc = placeholder.job_description(gone_pod, config)
+        theirs_desc["admin_comment"] = placeholder.admin_comment(
+            [gone_pod], scheduler="another-bridge"
+        )
+        theirs = await env.slurm.submit_job(theirs_desc)
+    finally:
+        await env.bridge.restart()
+    try:
+        assert (await job_ended(env, orphan)).state == ["CANCELLED"]
+        assert not (await env.slurm.get_job(theirs)).is_finished
+    finally:
+        await env.slurm.cancel_job(theirs)

@@ -1,0 +1,79 @@
+"""The job watch reads only the jobs it tracks, tells when one changed, and reads pending
+jobs again at once when a Slurm node changed."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from slinky.bridge.jobwatch import JobWatch
+from slinky.slurm import errors
+from slinky.slurm.models import Job
+
+
+class FakeSlurm:
+    """get_job only: the one call the watch may make."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[int, Job] = {}
+        self.reads: list[int] = []
+
+    def set(self, job_id: int, state: str, nodes: str = "") -> None:
+        self.jobs[job_id] = Job.parse({"job_id": job_id, "job_state": [state], "nodes": nodes})
+
+    async def get_job(self, job_id: int) -> Job:
+        self.reads.append(job_id)
+        if job_id not in self.jobs:
+            raise errors.SlurmNotFound(f"job {job_id} not found")
+        return self.jobs[job_id]
+
+
+async def until(check: Any, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_tracked_job_is_read_and_its_changes_reported() -> None:
+    slurm = FakeSlurm()
+    slurm.set(1, "PENDING")
+    slurm.set(2, "RUNNING", "n1")  # not tracked: never read
+    changed: list[int] = []
+    watch = JobWatch(slurm, on_change=changed.append, max_interval=60.0)  # type: ignore[arg-type]
+    watch.start()
+    try:
+        watch.track(1)
+        await until(lambda: changed == [1])
+        slurm.set(1, "RUNNING", "n1")
+        watch.node_changed("n1")  # a node event makes pending jobs due at once
+        await until(lambda: changed == [1, 1])
+        assert watch.jobs[1] is not None and watch.jobs[1].nodes == "n1"
+        del slurm.jobs[1]
+        watch.node_changed("n1")  # and jobs on that node
+        await until(lambda: changed == [1, 1, 1])
+        assert watch.jobs[1] is None
+        assert 2 not in slurm.reads
+    finally:
+        await watch.stop()
+
+
+async def test_an_unchanged_running_job_waits_for_the_backstop_interval() -> None:
+    slurm = FakeSlurm()
+    slurm.set(1, "RUNNING", "n1")
+    watch = JobWatch(slurm, on_change=lambda _: None, max_interval=60.0)  # type: ignore[arg-type]
+    watch.start()
+    try:
+        watch.track(1)
+        await until(lambda: len(slurm.reads) == 1)
+        await asyncio.sleep(0.3)
+        assert len(slurm.reads) == 1
+        watch.node_changed("other-node")  # not its node, and it is not pending
+        await asyncio.sleep(0.2)
+        assert len(slurm.reads) == 1
+        watch.untrack(1)
+        watch.node_changed("n1")
+        await asyncio.sleep(0.2)
+        assert len(slurm.reads) == 1
+    finally:
+        await watch.stop()

@@ -1,0 +1,280 @@
+"""The scheduler's steps against fakes of the apiserver and slurmrestd: never a second job
+for a pod, never a job no one can find, and a pod bound only where Slurm put its job."""
+
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+from typing import Any
+
+from slinky.bridge import placeholder, podcontrol
+from slinky.bridge.config import parse_config
+from slinky.bridge.jobwatch import JobWatch
+from slinky.bridge.labels import FINALIZER, SLURM_JOBID
+from slinky.bridge.nodes.controller import BY_SLURM_NAME, index_slurm_name
+from slinky.bridge.scheduler.sync import SchedulerSync
+from slinky.kube import rest
+from slinky.kube.store import Store
+from slinky.slurm import errors
+from slinky.slurm.models import Job, Node
+
+JSON = dict[str, Any]
+CONFIG = parse_config({"partition": "bridge", "schedulerName": "s1"})
+
+
+class FakeSlurm:
+    """A slurmrestd that keeps jobs by id; `down` makes submissions fail unanswered (the
+    job is still made: the request reached slurmctld, the answer was lost)."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[int, JSON] = {}
+        self.cancelled: list[int] = []
+        self.lists = 0
+        self.down = False
+        self.refuse_cancel = False
+
+    def job(self, job_id: int) -> Job:
+        return Job.parse(self.jobs[job_id])
+
+    async def submit_job(self, desc: JSON) -> int:
+        job_id = 100 + len(self.jobs)
+        self.jobs[job_id] = {**desc, "job_id": job_id, "job_state": ["PENDING"], "nodes": ""}
+        if self.down:
+            raise errors.SlurmUnavailable("connection reset")
+        return job_id
+
+    async def get_job(self, job_id: int) -> Job:
+        if job_id not in self.jobs:
+            raise errors.SlurmNotFound(f"job {job_id}")
+        return self.job(job_id)
+
+    async def list_jobs(self) -> tuple[list[Job], int]:
+        self.lists += 1
+        return [self.job(j) for j in self.jobs], 0
+
+    async def cancel_job(self, job_id: int) -> None:
+        if self.refuse_cancel:
+            raise errors.SlurmUnavailable("connection reset")
+        self.cancelled.append(job_id)
+        self.jobs[job_id]["job_state"] = ["CANCELLED"]
+
+    def allocate(self, job_id: int, node: str) -> None:
+        self.jobs[job_id].update(job_state=["RUNNING"], nodes=node)
+
+
+class FakeKube:
+    """Pod writes land in the pod store, as the informer would show them."""
+
+    def __init__(self, pods: Store) -> None:
+        self.pods = pods
+        self.bound: dict[str, str] = {}
+
+    def _pod(self, name: str, ns: str, uid: str | None) -> JSON:
+        pod = self.pods.get(f"{ns}/{name}")
+        if pod is None:
+            raise rest.ApiError(404, "NotFound", f"pod {name}")
+        if uid is not None and pod["metadata"]["uid"] != uid:
+            raise rest.ApiError(409, "Conflict", "uid precondition")
+        return pod
+
+    async def patch(self, _res: Any, name: str, body: Any, ns: str, **_kw: Any) -> JSON:
+        pod = self._pod(name, ns, body.get("metadata", {}).get("uid"))
+        meta = body.get("metadata") or {}
+        pod["metadata"].setdefault("labels", {}).update(meta.get("labels") or {})
+        pod["metadata"].setdefault("annotations", {}).update(meta.get("annotations") or {})
+        return pod
+
+    async def request(self, _method: str, _path: str, *, body: JSON) -> JSON:
+        meta = body["metadata"]
+        pod = self._pod(meta["name"], meta["namespace"], meta["uid"])
+        pod["spec"]["nodeName"] = body["target"]["name"]
+        self.bound[f"{meta['namespace']}/{meta['name']}"] = body["target"]["name"]
+        return {}
+
+
+def make_pod(name: str, uid: str) -> JSON:
+    return {
+        "metadata": {"name": name, "namespace": "ns", "uid": uid, "labels": {}},
+        "spec": {"schedulerName": "s1", "containers": [{"name": "c"}]},
+        "status": {"phase": "Pending"},
+    }
+
+
+def setup() -> tuple[SchedulerSync, FakeSlurm, FakeKube, Store]:
+    slurm = FakeSlurm()
+    pods = Store()
+    nodes = Store({BY_SLURM_NAME: index_slurm_name})
+    for n in ("n1", "n2"):
+        nodes.upsert({"metadata": {"name": n, "labels": {}}, "spec": {}})
+    kube = FakeKube(pods)
+    informer = SimpleNamespace(
+        nodes={n: Node.parse({"name": n, "partitions": ["bridge"]}) for n in ("n1", "n2")}
+    )
+    sync = SchedulerSync(
+        kube,  # type: ignore[arg-type]
+        config=CONFIG,
+        pods=SimpleNamespace(store=pods),  # type: ignore[arg-type]
+        nodes=SimpleNamespace(store=nodes),  # type: ignore[arg-type]
+        slurm=SimpleNamespace(client=slurm, informer=informer),  # type: ignore[arg-type]
+        watch=JobWatch(slurm, on_change=lambda _: None),  # type: ignore[arg-type]
+        recorder=SimpleNamespace(event=lambda *a, **k: None),  # type: ignore[arg-type]
+    )
+    return sync, slurm, kube, pods
+
+
+def job_label(pod: JSON | None) -> str | None:
+    assert pod is not None
+    return (pod["metadata"].get("labels") or {}).get(SLURM_JOBID)
+
+
+async def test_a_pod_is_bound_to_the_node_slurm_allocated_and_only_then() -> None:
+    sync, slurm, kube, pods = setup()
+    pods.upsert(make_pod("p", "u1"))
+    await sync.reconcile("ns/p")
+    (job_id,) = slurm.jobs
+    assert job_label(pods.get("ns/p")) == str(job_id)
+    assert kube.bound == {}  # pending: not bound anywhere
+    slurm.allocate(job_id, "n2")
+    sync.watch.jobs.pop(job_id)  # as the watch would, on the change
+    await sync.reconcile("ns/p")
+    assert kube.bound == {"ns/p": "n2"}
+    assert list(slurm.jobs) == [job_id]
+
+
+async def test_a_job_recorded_for_an_earlier_pod_of_the_same_name_is_never_bound() -> None:
+    sync, slurm, kube, pods = setup()
+    pods.upsert(make_pod("p", "u1"))
+    await sync.reconcile("ns/p")
+    (job_id,) = slurm.jobs
+    slurm.allocate(job_id, "n1")
+    again = make_pod("p", "u2")  # deleted and created anew, with the old pod's label
+    again["metadata"]["labels"][SLURM_JOBID] = str(job_id)
+    pods.upsert(again)
+    sync.watch.jobs.pop(job_id)
+    await sync.reconcile("ns/p")
+    assert kube.bound == {}
+
+
+async def test_a_pod_recreated_before_its_label_gets_a_new_job_the_old_one_cancelled() -> None:
+    sync, slurm, kube, pods = setup()
+    pods.upsert(make_pod("p", "u1"))
+    sync.kube = SimpleNamespace(patch=_vanish(pods), request=kube.request)  # type: ignore[assignment]
+    with contextlib.suppress(rest.ApiError):  # submitted; the label write finds a new pod
+        await sync.reconcile("ns/p")
+    (first,) = slurm.jobs
+    sync.kube = kube  # type: ignore[assignment]
+    await sync.reconcile("ns/p")
+    second = max(slurm.jobs)
+    assert second != first
+    assert slurm.cancelled == [first]
+    assert job_label(pods.get("ns/p")) == str(second)
+
+
+def _vanish(pods: Store) -> Any:
+    """A patch that finds the pod replaced by a new one of the same name (409 on its UID)."""
+
+    async def patch(*_a: Any, **_k: Any) -> None:
+        pods.upsert(make_pod("p", "u2"))
+        raise rest.ApiError(409, "Conflict", "uid precondition")
+
+    return patch
+
+
+async def test_a_pod_deleted_before_its_label_has_its_job_cancelled_after_a_failed_cancel() -> None:
+    sync, slurm, _kube, pods = setup()
+    pods.upsert(make_pod("p", "u1"))
+    sync.kube = SimpleNamespace(patch=_deleted(pods))  # type: ignore[assignment]
+    with contextlib.suppress(rest.ApiError):
+        await sync.reconcile("ns/p")
+    (job_id,) = slurm.jobs
+    slurm.refuse_cancel = True
+    with contextlib.suppress(errors.SlurmError):
+        await sync.reconcile("ns/p")
+    assert slurm.cancelled == []
+    slurm.refuse_cancel = False
+    await sync.reconcile("ns/p")  # the controller retries the key
+    assert slurm.cancelled == [job_id]
+
+
+def _deleted(pods: Store) -> Any:
+    async def patch(*_a: Any, **_k: Any) -> None:
+        pods.delete("ns/p")
+        raise rest.ApiError(404, "NotFound", "pod p")
+
+    return patch
+
+
+async def test_an_unanswered_submission_is_looked_for_before_another_and_once_for_all() -> None:
+    sync, slurm, _kube, pods = setup()
+    for name, uid in (("a", "ua"), ("b", "ub")):
+        pods.upsert(make_pod(name, uid))
+    slurm.down = True
+    for key in ("ns/a", "ns/b"):
+        with contextlib.suppress(errors.SlurmUnavailable):
+            await sync.reconcile(key)
+    assert len(slurm.jobs) == 2  # both reached Slurm; neither answer came back
+    slurm.down = False
+    for key in ("ns/a", "ns/b"):
+        for _ in range(2):  # found, then labelled and placed
+            await sync.reconcile(key)
+    assert len(slurm.jobs) == 2  # no second job for either pod
+    assert slurm.lists == 1  # one read of the job list answered for both
+    assert {job_label(pods.get(k)) for k in ("ns/a", "ns/b")} == {str(j) for j in slurm.jobs}
+
+
+async def test_a_pod_deleted_after_an_unanswered_submission_has_its_job_cancelled() -> None:
+    sync, slurm, _kube, pods = setup()
+    pods.upsert(make_pod("p", "u1"))
+    slurm.down = True
+    with contextlib.suppress(errors.SlurmUnavailable):
+        await sync.reconcile("ns/p")
+    slurm.down = False
+    pods.delete("ns/p")
+    await sync.reconcile("ns/p")
+    assert slurm.cancelled == list(slurm.jobs)
+
+
+def test_the_comment_of_a_submitted_job_names_the_pod_uid() -> None:
+    comment = placeholder.admin_comment([make_pod("p", "u1")], scheduler="s1")
+    assert placeholder.read_comment(comment) == placeholder.Comment("s1", {"ns/p": "u1"})
+
+
+class FinalizerKube:
+    """Applies JSON patches with their `test` to one live pod, as the apiserver does."""
+
+    def __init__(self, live: JSON | None) -> None:
+        self.live = live
+
+    async def get(self, _res: Any, _name: str, _ns: str) -> JSON:
+        if self.live is None:
+            raise rest.ApiError(404, "NotFound", "pod p")
+        return self.live
+
+    async def patch(self, _res: Any, _name: str, ops: list[JSON], _ns: str, **_kw: Any) -> None:
+        assert self.live is not None
+        finalizers = self.live["metadata"]["finalizers"]
+        test, remove = ops
+        i = int(test["path"].rsplit("/", 1)[1])
+        if i >= len(finalizers) or finalizers[i] != test["value"]:
+            raise rest.ApiError(422, "Invalid", "test operation failed")
+        del finalizers[int(remove["path"].rsplit("/", 1)[1])]
+
+
+def with_finalizers(uid: str, *finalizers: str) -> JSON:
+    pod = make_pod("p", uid)
+    pod["metadata"]["finalizers"] = list(finalizers)
+    return pod
+
+
+async def test_the_finalizer_is_removed_from_the_live_pod_when_the_cache_is_behind() -> None:
+    cached = with_finalizers("u1", FINALIZER)
+    kube = FinalizerKube(with_finalizers("u1", "other/first", FINALIZER))
+    await podcontrol.remove_finalizer(kube, cached)  # type: ignore[arg-type]
+    assert kube.live is not None and kube.live["metadata"]["finalizers"] == ["other/first"]
+    # Removed already (the cache has not seen it yet): nothing to do, no error.
+    kube = FinalizerKube(with_finalizers("u1", "other/first"))
+    await podcontrol.remove_finalizer(kube, cached)  # type: ignore[arg-type]
+    # Another pod of the same name in its place: its finalizers are not ours to touch.
+    kube = FinalizerKube(with_finalizers("u2", "other/first", FINALIZER))
+    await podcontrol.remove_finalizer(kube, cached)  # type: ignore[arg-type]
+    assert kube.live is not None and FINALIZER in kube.live["metadata"]["finalizers"]
