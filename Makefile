@@ -7,9 +7,10 @@ LOCK := requirements.lock
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml testbed/pyproject.toml $(LOCK) | sha1sum | cut -c1-12)
 PIP := $(BIN)/pip install -q --disable-pip-version-check
 UV_INSTALL := $(BIN)/uv pip install --quiet --python $(BIN)/python
-export UV_CACHE_DIR ?= $(HOME)/.cache/slinky/uv
-export MYPY_CACHE_DIR ?= $(HOME)/.cache/slinky/mypy
-DEV_DIR ?= $(HOME)/.cache/slinky/testbeds/dev
+SLINKY_CACHE ?= $(HOME)/.cache/slinky
+export UV_CACHE_DIR ?= $(SLINKY_CACHE)/uv
+export MYPY_CACHE_DIR ?= $(SLINKY_CACHE)/mypy
+DEV_DIR ?= $(SLINKY_CACHE)/testbeds/dev
 PYTEST_ARGS ?=
 # Two workers, each with its own test bed: the e2e tests mostly wait on Slurm and kubelets.
 PYTEST_XDIST ?= -n 2 --dist worksteal
