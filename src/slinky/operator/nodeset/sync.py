@@ -147,6 +147,11 @@ class NodeSetSync:
             # Without a controller address there is no new revision to roll to: keep the
             # pods where they are rather than replace them by pods that cannot be built.
             revision = str((obj.get("status") or {}).get("updateRevision") or revision)
+        active: dict[str, JSON] = {}
+        terminating: dict[str, JSON] = {}
+        for p in owned:
+            f = pods.facts(p)
+            (terminating if f.deleting else active)[f.name] = p
         return View(
             obj=obj,
             spec=spec,
@@ -155,8 +160,8 @@ class NodeSetSync:
             revision=revision,
             conf_server=conf_server,
             conn=self.clients.get(f"{meta['namespace']}/{spec.cluster_name}"),
-            active={pods.name(p): p for p in owned if not p["metadata"].get("deletionTimestamp")},
-            terminating={pods.name(p): p for p in owned if p["metadata"].get("deletionTimestamp")},
+            active=active,
+            terminating=terminating,
             conf_problem=conf_problem,
         )
 
