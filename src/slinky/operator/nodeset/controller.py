@@ -3,8 +3,9 @@
 - NodeSets: their own key (not for a change of their status only: the operator's own write).
 - Clusters: a Cluster change (e.g. `spec.controller`) enqueues its NodeSets.
 - Pods, Services, PodDisruptionBudgets, ControllerRevisions (only those the operator made,
-  by label): the owning NodeSet; pod adds/deletes also settle expectations; a deleted
-  Service or PDB is re-created by the reconcile this enqueues.
+  by label): the owning NodeSet; pod adds and deletions (a deletionTimestamp is enough)
+  also settle expectations; a deleted Service or PDB is re-created by the reconcile this
+  enqueues.
 - Kubernetes Nodes: a node cordoned or uncordoned (or its cordon reason changed) enqueues the
   NodeSets with pods on it (index by spec.nodeName).
 - Slurm (the seeds' "Slurm event channel"): a change of Slurm node `X` of Cluster `ns/c`
@@ -115,7 +116,16 @@ def build(
         if k := expectation_key(pod):
             expectations.deletion_observed(k, pod["metadata"]["uid"])
 
-    pods.add_handler(Handler(on_add=observed_add, on_delete=observed_delete))
+    def observed_update(_old: JSON, pod: JSON) -> None:
+        # Like kube-controller-manager: a pod being deleted gracefully counts as deleted
+        # once its deletionTimestamp shows, not seconds later when its preStop and
+        # containers are done; the next decision must not wait for that.
+        if pod["metadata"].get("deletionTimestamp"):
+            observed_delete(pod)
+
+    pods.add_handler(
+        Handler(on_add=observed_add, on_update=observed_update, on_delete=observed_delete)
+    )
 
     def node_changed(old: JSON | None, new: JSON) -> bool:
         def cordon(n: JSON | None) -> tuple[Any, Any]:

@@ -212,6 +212,10 @@ class NodeSetSync:
                 requeue += await update.rolling_update(self.ctx, view)
         else:
             requeue.append(5.0)  # backstop: observations normally arrive first
+            if any(pods.condemned(p) for p in view.active.values()):
+                # Nothing is decided now, but condemned pods still wait on Slurm: keep
+                # polling fast, so their drain is seen as soon as the cache catches up.
+                view.waits.append("condemned pods wait to be drained")
         if outcome := await self.partitions.sync(self.ctx, view):
             view.conditions.append(
                 (partition.CONDITION, outcome.ok, outcome.reason, outcome.message)
