@@ -3,10 +3,11 @@
 1. `ensure_children`  — headless Service, PodDisruptionBudget, ControllerRevision (re-created
                         when deleted; the Service follows `serviceName`);
 2. `replace_finished` — pods that ended (Succeeded/Failed) are deleted and later re-created;
-3. `mirror.mirror_slurm` / `mirror.sync_cordon` — state both ways (mirror.py);
-4. `scalein.scale_in` or `scale_out` — remove victims through the drain-before-delete path
+3. `scalein.scale_in` or `scale_out` — remove victims through the drain-before-delete path
                         (scalein.py), or create missing ordinals in slow-start batches;
-5. `update.rolling_update` — the rolling update rule (update.py);
+4. `update.rolling_update` — the rolling update rule (update.py);
+5. `mirror.mirror_slurm` / `mirror.sync_cordon` — state both ways for the pods that stay
+                        (mirror.py);
 6. `partition.Partitions.sync` — the NodeSet's Slurm partition (partition.py);
 7. `status.write_status` — status.py.
 
@@ -196,9 +197,6 @@ class NodeSetSync:
         requeue: list[float] = []
         if self.ctx.expectations.satisfied(view.exp_key):
             await self.replace_finished(view)
-            if view.slurm_ready:
-                await mirror.mirror_slurm(self.ctx, view)
-                await mirror.sync_cordon(self.ctx, view)
             if mirror.registering(view):
                 view.waits.append("new slurmd registering")
                 requeue.append(REGISTERING_RECHECK_S)  # ends the fast polls after the window
@@ -210,6 +208,11 @@ class NodeSetSync:
                 requeue += await self.scale_out(view, -excess)
             if view.conf_problem is None:
                 requeue += await update.rolling_update(self.ctx, view)
+            if view.slurm_ready:
+                # After the removals: a pod whose job just ended is deleted first, not
+                # after its Slurm state was mirrored onto it.
+                await mirror.mirror_slurm(self.ctx, view)
+                await mirror.sync_cordon(self.ctx, view)
         else:
             requeue.append(5.0)  # backstop: observations normally arrive first
             if any(pods.condemned(p) for p in view.active.values()):
