@@ -53,6 +53,10 @@ class View:
     waits: list[str] = field(default_factory=list)
     # Set by the steps: extra status conditions (type, ok, reason, message).
     conditions: list[tuple[str, bool, str, str]] = field(default_factory=list)
+    # Set by the removal steps: pods condemned, kept or drained in this pass. Their cached
+    # dicts no longer say what was just written, so the mirror leaves them to the next pass
+    # (it would otherwise undo a drain made a moment ago).
+    acted_on: set[str] = field(default_factory=set)
 
     @property
     def name(self) -> str:
@@ -96,8 +100,9 @@ class View:
         return node
 
     def pods_with_nodes(self) -> list[tuple[JSON, Node]]:
-        """Active pods with their own cached Slurm node, walking the smaller of the two
-        (a NodeSet of 5,000 pods whose nodes never registered costs nothing here)."""
+        """Active pods with their own cached Slurm node (except those in `acted_on`),
+        walking the smaller of the two (a NodeSet of 5,000 pods whose nodes never
+        registered costs nothing here)."""
         if self.conn is None:
             return []
         nodes = self.conn.informer.nodes
@@ -109,7 +114,9 @@ class View:
         return [
             (p, n)
             for p, n in pairs
-            if n is not None and belongs_to(n, self.namespace, pods.name(p))
+            if n is not None
+            and pods.name(p) not in self.acted_on
+            and belongs_to(n, self.namespace, pods.name(p))
         ]
 
     def foreign(self, pod: JSON) -> bool:
