@@ -183,7 +183,8 @@ async def remove_when_drained(
     """Condemn, drain, and delete once drained. Returns the drained verdict: unless `safe`,
     the pod is still there and the caller waits."""
     name = pods.name(pod)
-    view.acted_on.add(name)
+    if pods.condemned(pod) != why:
+        view.acted_on.add(name)  # its cached dict predates what this pass writes
     scheduled = pods.node_name(pod) is not None
     verdict = Drained.ABSENT  # an unscheduled pod never ran a slurmd: nothing to drain
     if scheduled:

@@ -53,7 +53,7 @@ class View:
     waits: list[str] = field(default_factory=list)
     # Set by the steps: extra status conditions (type, ok, reason, message).
     conditions: list[tuple[str, bool, str, str]] = field(default_factory=list)
-    # Set by the removal steps: pods condemned, kept or drained in this pass. Their cached
+    # Set by the removal steps: pods condemned (or un-condemned) in this pass. Their cached
     # dicts no longer say what was just written, so the mirror leaves them to the next pass
     # (it would otherwise undo a drain made a moment ago).
     acted_on: set[str] = field(default_factory=set)
