@@ -8,7 +8,6 @@ silently stopped moving."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 
@@ -70,8 +69,11 @@ class BackgroundLoop:
                 self.failure = None
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        """Cancel the loop and wait until it ended. Cancelled again every second while it
+        runs: a cancellation that lands inside an HTTP read can come out as a connection
+        error, which the loop catches and retries, and a single cancel would then wait
+        forever (a process that never exits on SIGTERM)."""
+        task, self._task = self._task, None
+        while task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait([task], timeout=1.0)
