@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.bench_nodeset import PROCESS_PLACEMENT, counter, setup, template
+from bench.bench_nodeset import REAL_PLACEMENT, counter, setup, template
 from bench.common import bench_testbed
 from slinky.kube import rest
 from slinky.operator.resources import NODESETS
@@ -216,7 +216,7 @@ async def amain() -> None:
                 "clusterName": "slurm",
                 "replicas": 1,
                 "selector": {"matchLabels": {"app.kubernetes.io/instance": name}},
-                "template": template(name, PROCESS_PLACEMENT, slurmd=True),
+                "template": template(name, REAL_PLACEMENT, slurmd=True),
                 "partition": {"enabled": True},
             },
         }

@@ -89,15 +89,24 @@ class BackgroundLoop:
     stop_timeout: float = 10.0
 
     async def stop(self) -> None:
+        """Cancel the loop and wait until it ended, at most `stop_timeout`. Cancelled again
+        every second while it runs: a cancellation that lands inside an HTTP read can come out
+        as a connection error, which the loop catches and retries, so one cancel could wait
+        for ever (a process that never exits on SIGTERM)."""
         task, self._task = self._task, None
         if task is None:
             return
-        task.cancel()
-        done, _ = await asyncio.wait({task}, timeout=self.stop_timeout)
-        if not done:
-            log.error(
-                "%s did not stop within %.0fs; left behind", self.task_name(), self.stop_timeout
-            )
-            return
+        deadline = asyncio.get_running_loop().time() + self.stop_timeout
+        while not task.done():
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                log.error(
+                    "%s did not stop within %.0fs; left behind",
+                    self.task_name(),
+                    self.stop_timeout,
+                )
+                return
+            task.cancel()
+            await asyncio.wait([task], timeout=min(1.0, left))
         with contextlib.suppress(asyncio.CancelledError):
             task.result()

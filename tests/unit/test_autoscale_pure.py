@@ -102,6 +102,7 @@ def test_which_pending_jobs_are_demand(state: str, reason: str, counted: bool) -
 def test_stats_per_partition_and_nodeset_from_the_cache() -> None:
     informer: Any = SlurmInformer.__new__(SlurmInformer)
     informer.polls = 7
+    informer.jobs_synced = True
     informer.partitions = {"p": Partition("p", "", "UP"), "empty": Partition("empty", "", "UP")}
     informer.jobs = {
         1: job(1, "PENDING", "PartitionConfig", "p", nodes=3),
@@ -120,6 +121,19 @@ def test_stats_per_partition_and_nodeset_from_the_cache() -> None:
     assert stats.partitions["p"].nodes_idle == 1
     assert stats.partitions["q"].jobs_pending == 1 and stats.partitions["q"].nodes_idle == 1
     assert stats.partitions["empty"].jobs_pending == 0  # known, so answered with 0, not 404
+    assert stats.nodeset_idle == {("ns", "cpu"): 1}
+
+
+def test_without_polled_jobs_only_idle_nodes_are_known() -> None:
+    informer: Any = SlurmInformer.__new__(SlurmInformer)
+    informer.polls = 7
+    informer.jobs_synced = False  # nobody asked for jobs: the job cache is not current
+    informer.partitions = {"p": Partition("p", "", "UP")}
+    informer.jobs = {1: job(1, "PENDING", "PartitionConfig", "p", nodes=3)}
+    informer.nodes = {"cpu-0": node("cpu-0", ["IDLE"], "p", "ns", "cpu-0")}
+    stats = compute(informer)
+    assert not stats.jobs_known
+    assert stats.partitions["p"].jobs_pending == 0 and stats.partitions["p"].nodes_idle == 1
     assert stats.nodeset_idle == {("ns", "cpu"): 1}
 
 

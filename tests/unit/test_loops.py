@@ -57,6 +57,50 @@ def test_slurm_informer_polls_fast_only_while_someone_waits() -> None:
     assert inf.interval == 30
 
 
+def counting_slurm() -> tuple[SlurmClient, list[str]]:
+    """A slurmrestd answering every list with nothing, recording the paths asked."""
+    asked: list[str] = []
+
+    def handler(req: httpx2.Request) -> httpx2.Response:
+        if req.url.path == "/openapi/v3":
+            return httpx2.Response(200, json={"paths": {"/slurm/v0.0.45/ping/": {}}})
+        asked.append(req.url.path.rsplit("/", 2)[-2])
+        return httpx2.Response(200, json={"nodes": [], "jobs": [], "partitions": []})
+
+    client = SlurmClient("http://slurm.test", StaticToken("t", user="u"))
+    client.http = httpx2.AsyncClient(base_url=client.url, transport=httpx2.MockTransport(handler))
+    return client, asked
+
+
+async def test_slurm_jobs_are_polled_only_while_someone_wants_them() -> None:
+    client, asked = counting_slurm()
+    inf = SlurmInformer(client, watch_jobs=True)
+    await inf.poll_once()
+    assert asked == ["nodes"] and not inf.jobs_synced
+    inf.want_jobs("metrics", True)
+    await inf.poll_once()
+    assert sorted(asked[1:]) == ["jobs", "nodes", "partitions"] and inf.jobs_synced
+    inf.want_jobs("metrics", False)
+    assert not inf.jobs_synced, "not polled any more: the job cache goes stale"
+    await inf.poll_once()
+    assert asked[4:] == ["nodes"]
+
+
+async def test_refresh_waits_for_a_poll_made_after_it_was_asked() -> None:
+    client, asked = counting_slurm()
+    inf = SlurmInformer(client, poll_interval=0.05, idle_interval=3600)
+    inf.start()
+    await wait_for(lambda: _true(inf.has_synced), timeout=5, what="first poll", interval=0.01)
+    before = len(asked)
+    assert await inf.refresh(timeout=5), "a poke during the idle wait polls now"
+    assert len(asked) > before
+    await inf.stop()
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
 async def test_an_unreadable_slurm_answer_marks_the_cache_stale_not_frozen() -> None:
     def handler(req: httpx2.Request) -> httpx2.Response:
         if req.url.path == "/openapi/v3":

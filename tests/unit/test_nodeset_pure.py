@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from typing import Any
 
 from slinky.api.schema import parse
 from slinky.api.v1alpha1.nodeset import NodeSetSpec
-from slinky.operator.nodeset import builder, sync
+from slinky.operator.nodeset import builder, pods, sync
 from slinky.operator.nodeset import scalein as scaling
 from slinky.operator.nodeset.mirror import slurm_conditions
 from slinky.operator.nodeset.update import max_unavailable
@@ -181,3 +182,35 @@ def test_slurm_state_becomes_pod_conditions_with_reason() -> None:
     assert conds["SlurmNodeStateIdle"] == (True, "")
     assert conds["SlurmNodeStateDrain"] == (True, "admin: dimm")
     assert conds["SlurmNodeStateAllocated"] == (False, "")
+
+
+def test_the_cached_pod_keeps_what_the_operator_reads_and_answers_alike() -> None:
+    obj, spec = nodeset(replicas=1)
+    pod = builder.build_pod(obj, spec, 0, revision="r1", conf_server="ctld:6817")
+    pod["metadata"].update(
+        uid="u0",
+        resourceVersion="7",
+        managedFields=[{"manager": "kubelet", "fieldsV1": {"f:status": {}}}],
+        annotations={builder.ANNOTATION_CONDEMNED: "scale-in"},
+    )
+    pod["spec"]["nodeName"] = "node-1"
+    pod["status"] = {
+        "phase": "Running",
+        "podIP": "10.0.0.5",
+        "conditions": [
+            {"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-22T09:00:00Z"}
+        ],
+    }
+    cached = pods.slim(pod)
+    assert "managedFields" not in cached["metadata"]
+    assert cached["spec"] == {"nodeName": "node-1"}
+    assert set(cached["status"]) == {"phase", "conditions"}
+    assert json.loads(json.dumps(cached)) == cached, "still plain JSON"
+    for p in (pod, cached):
+        assert pods.name(p) == "cpu-0" and pods.node_name(p) == "node-1"
+        assert pods.revision_of(p) == "r1" and pods.condemned(p) == "scale-in"
+        assert pods.phase(p) == "Running" and pods.is_ready(p)
+        assert pods.ready_since(p) == dt.datetime(2026, 11, 22, 9, 0, tzinfo=dt.UTC)
+    not_ready = {**pod, "status": {"conditions": [{"type": "Ready", "status": "False"}]}}
+    assert pods.ready_since(pods.slim(not_ready)) is None
+    assert pods.phase(pods.slim(not_ready)) == "Pending"

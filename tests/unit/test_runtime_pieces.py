@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from slinky.background import BackgroundLoop
-from slinky.kube import conditions, controller, store
+from slinky.kube import conditions, controller, events, informer, rest, store
 from slinky.kube.expectations import Expectations
 
 
@@ -112,3 +112,44 @@ async def test_a_background_loop_that_dies_is_logged_at_once(
     )
     assert not loop.healthy
     await loop.stop()
+
+
+def test_a_change_of_status_only_does_not_enqueue_the_object_again() -> None:
+    old = obj("a", generation=1)
+    old["status"] = {"readyReplicas": 1}
+    status_only = {**old, "metadata": {**old["metadata"], "resourceVersion": "2"}, "status": {}}
+    assert controller.beyond_status(None, old), "an add always counts"
+    assert not controller.beyond_status(old, status_only)
+    annotated = {**old, "metadata": {**old["metadata"], "annotations": {"x": "y"}}}
+    assert controller.beyond_status(old, annotated)
+    assert controller.beyond_status(old, {**old, "spec": {"replicas": 2}})
+
+
+class CountingKube:
+    def __init__(self) -> None:
+        self.created = 0
+
+    async def create(self, *_: Any) -> dict[str, Any]:
+        self.created += 1
+        return {}
+
+
+async def test_an_object_gets_a_burst_of_events_then_one_per_refill() -> None:
+    kube = CountingKube()
+    recorder = events.EventRecorder(kube, controller="c", instance="i")  # type: ignore[arg-type]
+    nodeset = obj("ns", uid="u1")
+    for i in range(events.SPAM_BURST + 10):
+        recorder.event(nodeset, events.NORMAL, "Created", f"created pod ns-{i}")
+    recorder.event(obj("other", uid="u2"), events.NORMAL, "Created", "created pod other-0")
+    await recorder.flush()
+    assert kube.created == events.SPAM_BURST + 1, "each object has its own budget"
+
+
+def test_an_informer_transform_applies_to_listed_and_watched_objects() -> None:
+    def keep_name(o: dict[str, Any]) -> dict[str, Any]:
+        return {"metadata": {k: o["metadata"][k] for k in ("name", "namespace", "resourceVersion")}}
+
+    inf = informer.Informer(None, rest.PODS, transform=keep_name)  # type: ignore[arg-type]
+    inf._on_event({"type": "ADDED", "object": obj("p", managedFields=[{"big": 1}])})
+    cached = inf.store.get("n/p")
+    assert cached == {"metadata": {"name": "p", "namespace": "n", "resourceVersion": "1"}}

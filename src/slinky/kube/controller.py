@@ -71,6 +71,20 @@ def own_key(obj: JSON) -> list[str]:
     return [key_of(obj)]
 
 
+_VOLATILE_META = frozenset({"resourceVersion", "managedFields"})
+
+
+def beyond_status(old: JSON | None, new: JSON) -> bool:
+    """A predicate for `watch`: the object was added, or changed in more than its status
+    (the controller's own status writes do not enqueue it again)."""
+    if old is None:
+        return True
+    if any(old.get(k) != new.get(k) for k in (old.keys() | new.keys()) - {"status", "metadata"}):
+        return True
+    om, nm = old.get("metadata") or {}, new.get("metadata") or {}
+    return any(om.get(k) != nm.get(k) for k in (om.keys() | nm.keys()) - _VOLATILE_META)
+
+
 class Controller:
     """Workers draining one queue with one reconciler."""
 

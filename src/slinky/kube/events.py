@@ -2,8 +2,11 @@
 
 A controller that retries every few seconds would otherwise write hundreds of identical
 Events; like client-go, the same (object, type, reason, note) within the aggregation window
-bumps `series.count` on the existing Event instead. Recording never raises and never blocks a
-reconcile: writes run as background tasks.
+bumps `series.count` on the existing Event instead. And like client-go's spam filter, each
+object gets at most a burst of SPAM_BURST Events, then one per SPAM_REFILL_S: a NodeSet
+scaling to 5,000 pods writes 25 "created pod" Events, not 5,000 (the apiserver's write
+capacity goes to the pods). Recording never raises and never blocks a reconcile: writes run
+as background tasks.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ NORMAL = "Normal"
 WARNING = "Warning"
 AGGREGATION_WINDOW_S = 600.0
 CACHE_SIZE = 4096
+SPAM_BURST = 25
+SPAM_REFILL_S = 300.0
 
 
 class EventRecorder:
@@ -35,11 +40,16 @@ class EventRecorder:
             OrderedDict()
         )
         self._tasks: set[asyncio.Task[None]] = set()
+        # Per object: (tokens left, when last counted), client-go's token bucket.
+        self._budget: OrderedDict[str, tuple[float, float]] = OrderedDict()
 
     def event(
         self, obj: JSON, type_: str, reason: str, note: str, *, action: str = "Reconcile"
     ) -> None:
-        """Record in the background."""
+        """Record in the background (unless this object's Event budget is spent)."""
+        if not self._allowed(obj):
+            log.debug("event %s %s on %s dropped: too many", type_, reason, obj["metadata"]["name"])
+            return
         task = asyncio.create_task(self.emit(obj, type_, reason, note, action=action))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -96,6 +106,19 @@ class EventRecorder:
         except Exception as e:  # events are best effort
             self._seen.pop(key, None)
             log.debug("event %s %s on %s not recorded: %s", type_, reason, meta.get("name"), e)
+
+    def _allowed(self, obj: JSON) -> bool:
+        meta = obj["metadata"]
+        key = str(meta.get("uid") or meta["name"])
+        now = time.monotonic()
+        tokens, at = self._budget.get(key, (float(SPAM_BURST), now))
+        tokens = min(float(SPAM_BURST), tokens + (now - at) / SPAM_REFILL_S)
+        allowed = tokens >= 1.0
+        self._budget[key] = (tokens - 1.0 if allowed else tokens, now)
+        self._budget.move_to_end(key)
+        while len(self._budget) > CACHE_SIZE:
+            self._budget.popitem(last=False)
+        return allowed
 
     def _remember(self, key: tuple[str, str, str, str], value: tuple[str, str, int, float]) -> None:
         self._seen[key] = value

@@ -10,7 +10,9 @@ Semantics follow client-go's reflector:
   which is diffed against the store: objects that vanished meanwhile produce delete events,
   so no handler misses a deletion;
 - connection errors back off exponentially and never drop the cache: reconcilers keep reading
-  the last known state while the apiserver restarts.
+  the last known state while the apiserver restarts;
+- an optional `transform` (client-go's TransformFunc) is applied to every object before it is
+  stored: a controller that reads a few fields of thousands of pods keeps only those.
 
 `NamedInformers` caches single objects by name, each for as long as something references it
 (the Secrets that Clusters name), so the process needs no right to list the others.
@@ -37,6 +39,7 @@ from slinky.kube.store import IndexFunc, Store, key_of
 log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
+Transform = Callable[[JSON], JSON]
 
 
 @dataclass
@@ -69,9 +72,11 @@ class Informer(BackgroundLoop):
         watch_timeout: float = 300.0,
         silence_timeout: float = 90.0,
         backoff: Backoff | None = None,
+        transform: Transform | None = None,
     ) -> None:
         self.kube = kube
         self.res = res
+        self.transform = transform
         self.namespace = namespace
         self.label_selector = label_selector
         self.field_selector = field_selector
@@ -167,6 +172,8 @@ class Informer(BackgroundLoop):
         for obj in items:  # list items carry no kind/apiVersion; watch events do
             obj.setdefault("apiVersion", self.res.api_version)
             obj.setdefault("kind", self.res.kind)
+        if self.transform is not None:
+            items = [self.transform(obj) for obj in items]
         self._replace(items)
         self.resource_version = str(meta["resourceVersion"])
         self.relists += 1
@@ -222,6 +229,8 @@ class Informer(BackgroundLoop):
             if rv:
                 self.resource_version = str(rv)
             return
+        if self.transform is not None:
+            obj = self.transform(obj)
         if kind in ("ADDED", "MODIFIED"):
             old = self.store.upsert(obj)
             if old is None:
@@ -431,8 +440,10 @@ class InformerFactory:
         field_selector: str | None = None,
         indexers: dict[str, IndexFunc] | None = None,
         namespace: str | None = None,
+        transform: Transform | None = None,
     ) -> Informer:
-        """The informer for `res` in `namespace` (default: the factory's first namespace)."""
+        """The informer for `res` in `namespace` (default: the factory's first namespace).
+        Every caller of the same informer must ask for the same `transform`."""
         ns = (namespace if namespace is not None else self.namespace) if res.namespaced else None
         key = (f"{res.api_version}/{res.plural}", ns, label_selector, field_selector)
         inf = self._informers.get(key)
@@ -443,9 +454,12 @@ class InformerFactory:
                 namespace=ns,
                 label_selector=label_selector,
                 field_selector=field_selector,
+                transform=transform,
                 **self.options,
             )
             self._informers[key] = inf
+        elif inf.transform is not transform:
+            raise ValueError(f"{inf}: already shared with another transform")
         for name, fn in (indexers or {}).items():
             inf.store.add_indexer(name, fn)
         return inf
@@ -456,11 +470,18 @@ class InformerFactory:
         *,
         label_selector: str | None = None,
         indexers: dict[str, IndexFunc] | None = None,
+        transform: Transform | None = None,
     ) -> MultiInformer:
         """The informers for `res` across every namespace this factory watches."""
         namespaces = self.namespaces if res.namespaced else [None]
         return MultiInformer([
-            self.informer(res, label_selector=label_selector, indexers=indexers, namespace=ns)
+            self.informer(
+                res,
+                label_selector=label_selector,
+                indexers=indexers,
+                namespace=ns,
+                transform=transform,
+            )
             for ns in namespaces
         ])  # fmt: skip
 

@@ -44,10 +44,16 @@ class Connection:
     _forward: Callable[[SlurmEvent], None] | None = field(default=None, repr=False)
 
 
+WATCH_JOBS_KEY = "--slurm-watch-jobs"
+
+
 class ClusterClients:
-    def __init__(self) -> None:
+    def __init__(self, *, watch_jobs: bool = False) -> None:
         self._by_key: dict[str, Connection] = {}
         self._subscribers: list[ClusterEventSubscriber] = []
+        # Poll jobs and partitions always (gauges scraped by Prometheus), not only while the
+        # external metrics API is asked.
+        self.watch_jobs = watch_jobs
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -76,6 +82,8 @@ class ClusterClients:
 
         conn._forward = forward
         conn.informer.subscribe(forward)
+        if self.watch_jobs:
+            conn.informer.want_jobs(WATCH_JOBS_KEY, True)
         self._by_key[conn.cluster_key] = conn
         conn.informer.start()
         CONNECTED.labels(conn.cluster_key, conn.server).set(1)

@@ -76,13 +76,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="15m",
         help="lifetime of tokens minted from spec.jwtKeyRef (renewed at 2/3)",
     )
-    flags.add_duration(p, "--cluster-ping-interval", default="30s")
+    flags.add_duration(
+        p,
+        "--cluster-ping-interval",
+        default="60s",
+        help="how often each Cluster's slurmctld is pinged (status lastPingTime); the idle "
+        "node poll notices an unreachable slurmrestd in between",
+    )
     flags.add_duration(
         p,
         "--slurm-idle-poll-interval",
         default="30s",
         help="how often Slurm is polled while nothing waits on it (a Cluster's "
         "spec.pollInterval applies while a pod is drained or an update runs)",
+    )
+    flags.add_bool(
+        p,
+        "--slurm-watch-jobs",
+        default=False,
+        help="poll Slurm jobs and partitions all the time, so the slurm_*_jobs_* gauges on "
+        "/metrics are always exported (for Prometheus-based autoscalers); otherwise they are "
+        "polled only while the external metrics API is asked",
     )
     flags.add_duration(
         p,
@@ -132,7 +146,7 @@ class Operator:
         self.kube = rest.Kube.from_kubeconfig(args.kubeconfig)
         self.identity = f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
         self.factory = InformerFactory(self.kube, namespaces=args.namespace or None)
-        self.clients = ClusterClients()
+        self.clients = ClusterClients(watch_jobs=self.args.slurm_watch_jobs)
         self.recorder = events.EventRecorder(
             self.kube, controller="slinky.slurm.net/slurm-operator", instance=self.identity
         )

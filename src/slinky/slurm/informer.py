@@ -1,6 +1,12 @@
 """The Slurm informer: a cache of Slurm nodes (and, on request, jobs) and the event channel
 that tells controllers what changed.
 
+Polling costs slurmrestd requests, so the informer polls only as much as someone needs:
+every `poll_interval` while a controller waits on Slurm (`demand`: a pod being drained, an
+update), every `idle_interval` otherwise; jobs and partitions only while someone wants them
+(`want_jobs`: the autoscaling metrics), in the same poll as the nodes. `refresh` waits for a
+poll made after the call, for a reader that must answer from a current view.
+
 slurmrestd has no watch. Polling with `update_time` costs one small request per interval
 while nothing changes (HTTP 304 for nodes, an empty answer for jobs); when something did
 change slurmctld returns the whole list, which is diffed against the cache so subscribers
@@ -89,7 +95,8 @@ class SlurmInformer(BackgroundLoop):
         self.max_backoff = max_backoff
         self.nodes: dict[str, Node] = {}
         self.jobs: dict[int, Job] = {}
-        # With watch_jobs: partitions by name too (autoscaling metrics name them).
+        # With watch_jobs, while someone wants them (`want_jobs`): jobs, and partitions by
+        # name (autoscaling metrics name them).
         self.partitions: dict[str, Partition] = {}
         self._partition_update = 0
         self.stale = True
@@ -108,7 +115,13 @@ class SlurmInformer(BackgroundLoop):
         self._wake = asyncio.Event()
         self._full_next = False
         self._demand: dict[str, float] = {}  # who waits on Slurm -> since when (monotonic)
+        self._job_wants: set[str] = set()  # who wants jobs and partitions polled
+        self.jobs_synced = False  # the job cache reflects a poll made while jobs were wanted
         self._last_poll_done = 0.0
+        self._polls_started = 0
+        self._polls_ended = 0
+        self._polls_done = 0  # the number (`_polls_started`) of the last poll that succeeded
+        self._poll_ended = asyncio.Event()  # set and replaced at the end of every poll
 
     def __repr__(self) -> str:
         return f"<SlurmInformer {self.client.url} nodes={len(self.nodes)} stale={self.stale}>"
@@ -146,6 +159,39 @@ class SlurmInformer(BackgroundLoop):
         elif not wanted:
             self._demand.pop(key, None)
 
+    def want_jobs(self, key: str, wanted: bool) -> None:
+        """`key` reads jobs and partitions (`wanted`) or no longer does. Only while someone
+        does are they polled (with the nodes, at the same cadence); the first poll after
+        they became wanted lists them in full (`jobs_synced` until then False)."""
+        if not self.watch_jobs:
+            raise ValueError(f"{self}: jobs are not watched (watch_jobs=False)")
+        if wanted:
+            self._job_wants.add(key)
+        else:
+            self._job_wants.discard(key)
+            if not self._job_wants:
+                self.jobs_synced = False  # not polled from now on: the cache goes stale
+
+    @property
+    def polling_jobs(self) -> bool:
+        return self.watch_jobs and bool(self._job_wants)
+
+    async def refresh(self, timeout: float) -> bool:
+        """Wait (at most `timeout` seconds) for a poll that starts after this call; True
+        when it succeeded. Concurrent callers share the same poll."""
+        target = self._polls_started + 1
+        self.poke()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                while self._polls_ended < target:
+                    await self._poll_ended.wait()
+        return self._polls_done >= target
+
+    @property
+    def polled_ago(self) -> float:
+        """Seconds since the last successful poll ended."""
+        return time.monotonic() - self._last_poll_done
+
     def fresh_for(self, key: str) -> bool:
         """Whether a poll completed since `key` started waiting: its decisions then rest on
         a view at most one fast poll old, not on one from the idle interval."""
@@ -174,6 +220,8 @@ class SlurmInformer(BackgroundLoop):
     async def run(self) -> None:
         backoff = Backoff(self.poll_interval * 2, self.max_backoff)
         while True:
+            # Cleared before the poll: a poke made while it runs asks for another one.
+            self._wake.clear()
             try:
                 await self.poll_once()
                 backoff.reset()
@@ -188,29 +236,34 @@ class SlurmInformer(BackgroundLoop):
                 log.exception("%s: unexpected payload from slurmrestd", self)
                 self._mark_stale(f"unexpected payload from slurmrestd: {type(e).__name__}: {e}")
                 delay = backoff.next()
-            self._wake.clear()
+            finally:
+                self._polls_ended = self._polls_started
+                ended, self._poll_ended = self._poll_ended, asyncio.Event()
+                ended.set()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)
 
     async def poll_once(self) -> None:
-        """One poll: deltas, or a full list when due (or after being stale)."""
+        """One poll: deltas, or a full list when due (or after being stale). Nodes, jobs and
+        partitions are asked concurrently: a poll takes one round trip, not three."""
         now = time.monotonic()
         full = self.stale or self._full_next or now - self._last_resync >= self.resync_interval
         self._full_next = False
         self.polls += 1
-        nodes, last = await self.client.list_nodes(update_time=None if full else self._node_update)
-        jobs: list[Job] | None = None
-        job_last = self._job_update
-        if self.watch_jobs:
-            jobs, job_last = await self.client.list_jobs(
-                update_time=None if full else self._job_update
+        self._polls_started += 1
+        number = self._polls_started
+        with_jobs = self.polling_jobs
+        full_jobs = full or not self.jobs_synced
+        node_call = self.client.list_nodes(update_time=None if full else self._node_update)
+        if with_jobs:
+            (nodes, last), (jobs, job_last), (parts, part_last) = await asyncio.gather(
+                node_call,
+                self.client.list_jobs(update_time=None if full_jobs else self._job_update),
+                self.client.list_partitions_since(None if full_jobs else self._partition_update),
             )
-        if self.watch_jobs:
-            parts, self._partition_update = await self.client.list_partitions_since(
-                None if full else self._partition_update
-            )
-            if parts is not None:
-                self.partitions = {p.name: p for p in parts}
+        else:
+            nodes, last = await node_call
+            jobs, job_last, parts, part_last = None, self._job_update, None, self._partition_update
         if full:
             self.full_lists += 1
             self._last_resync = now
@@ -219,11 +272,18 @@ class SlurmInformer(BackgroundLoop):
         elif jobs is None:
             self.unchanged_polls += 1
         self._node_update = last or self._node_update
-        if jobs is not None:
-            self._diff_jobs(jobs)
-        self._job_update = job_last or self._job_update
+        if with_jobs:
+            if jobs is not None:
+                self._diff_jobs(jobs)
+            self._job_update = job_last or self._job_update
+            if parts is not None:
+                self.partitions = {p.name: p for p in parts}
+            self._partition_update = part_last
+            # Still wanted (not dropped while the poll ran): the job view is current.
+            self.jobs_synced = self.polling_jobs
         self.last_success = time.time()
         self._last_poll_done = time.monotonic()
+        self._polls_done = number
         self.last_error = ""
         self._synced.set()
         if self.stale:

@@ -15,8 +15,11 @@ An unknown metric, a missing or unknown selector, or an unknown partition/NodeSe
 with a Status that says which; no empty success.
 
 Serving certificate and CA files are re-read when they change (cert-manager rotation).
-Every request also asks the Slurm informers to poll fast for a while, so an HPA sees a job
-within one poll interval rather than the idle interval.
+A request makes the Slurm informer of each Cluster it asks about poll jobs and partitions
+(until DEMAND_WINDOW_S after the last request) and is answered from a poll at most
+ANSWER_AGE_S old, made for it when the last one is older: an HPA asking every 15 s sees a
+job submitted just before it asked, at the cost of one poll per question, not of polling
+fast all the time.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from slinky.operator.autoscale.metrics import (
     NODESET_METRICS,
     PARTITION_METRICS,
     SlurmMetrics,
+    is_job_metric,
     nodeset_value,
 )
 from slinky.operator.clients import ClusterClients
@@ -53,6 +57,8 @@ VERSION = "v1beta1"
 GROUP_VERSION = f"{GROUP}/{VERSION}"
 DEMAND_KEY = "external-metrics-api"
 DEMAND_WINDOW_S = 60.0
+ANSWER_AGE_S = 2.0  # several HPAs asking at once share one poll
+REFRESH_TIMEOUT_S = 5.0  # then: answer 503, the HPA keeps the current scale
 AUTH_CONFIGMAP = ("kube-system", "extension-apiserver-authentication")
 SERVED = Histogram(
     "slinky_external_metrics_request_duration_seconds",
@@ -182,7 +188,7 @@ class MetricsAPI(BackgroundLoop):
                 log.warning("external metrics API: reload failed, keeping the old: %s", e)
             if self._last_request and time.monotonic() - self._last_request > DEMAND_WINDOW_S:
                 for informer in self.clients.informers():
-                    informer.demand(DEMAND_KEY, False)
+                    informer.want_jobs(DEMAND_KEY, False)
 
     # ------------------------------------------------------------ serving
 
@@ -260,10 +266,19 @@ class MetricsAPI(BackgroundLoop):
             }
         )
 
-    def _want_fresh(self) -> None:
+    async def _fresh(self, cluster_keys: list[str]) -> None:
+        """Jobs polled for these Clusters, and a view at most ANSWER_AGE_S old."""
         self._last_request = time.monotonic()
-        for informer in self.clients.informers():
-            informer.demand(DEMAND_KEY, True)
+        informers = [c.informer for k in cluster_keys if (c := self.clients.get(k)) is not None]
+        for informer in informers:
+            informer.want_jobs(DEMAND_KEY, True)
+        await asyncio.gather(
+            *(
+                i.refresh(REFRESH_TIMEOUT_S)
+                for i in informers
+                if not i.jobs_synced or i.polled_ago > ANSWER_AGE_S
+            )
+        )
 
     async def _get(self, request: web.Request) -> web.Response:
         start = time.perf_counter()
@@ -287,12 +302,11 @@ class MetricsAPI(BackgroundLoop):
             selector = parse_selector(request.query.get("labelSelector", ""))
         except SelectorError as e:
             return status(404, "NotFound", f"{metric}: {e}")
-        self._want_fresh()
         if metric in PARTITION_METRICS:
-            return self._partition(ns, metric, selector)
-        return self._nodeset(ns, metric, selector)
+            return await self._partition(ns, metric, selector)
+        return await self._nodeset(ns, metric, selector)
 
-    def _partition(self, ns: str, metric: str, selector: dict[str, str]) -> web.Response:
+    async def _partition(self, ns: str, metric: str, selector: dict[str, str]) -> web.Response:
         extra = set(selector) - {"partition", "cluster"}
         name = selector.get("partition")
         if name is None or extra:
@@ -305,9 +319,16 @@ class MetricsAPI(BackgroundLoop):
         keys = [k for k in self.clients.keys() if k.partition("/")[0] == ns]
         if "cluster" in selector:
             keys = [k for k in keys if k == f"{ns}/{selector['cluster']}"]
+        await self._fresh(keys)
         items = []
         for key in keys:
             stats = self.metrics.cluster(key)
+            if stats is not None and not stats.jobs_known:
+                return status(
+                    503,
+                    "ServiceUnavailable",
+                    f"{metric}: cannot read the jobs and partitions of Cluster {key} now",
+                )
             if stats is None or name not in stats.partitions:
                 continue
             labels = {"partition": name, "cluster": key.partition("/")[2]}
@@ -321,7 +342,7 @@ class MetricsAPI(BackgroundLoop):
             return status(404, "NotFound", f"{metric}: partition {name!r} not found in {where}")
         return value_list(items)
 
-    def _nodeset(self, ns: str, metric: str, selector: dict[str, str]) -> web.Response:
+    async def _nodeset(self, ns: str, metric: str, selector: dict[str, str]) -> web.Response:
         name = selector.get("nodeset")
         if name is None or set(selector) != {"nodeset"}:
             return status(
@@ -333,8 +354,9 @@ class MetricsAPI(BackgroundLoop):
         if obj is None:
             return status(404, "NotFound", f"{metric}: NodeSet {ns}/{name} not found")
         cluster = (obj.get("spec") or {}).get("clusterName")
+        await self._fresh([f"{ns}/{cluster}"])
         stats = self.metrics.cluster(f"{ns}/{cluster}")
-        if stats is None:
+        if stats is None or (is_job_metric(metric) and not stats.jobs_known):
             return status(
                 503,
                 "ServiceUnavailable",

@@ -2,7 +2,10 @@
 
 Values come from the informer caches (nodes, jobs and partitions, kept by `update_time`
 deltas), never from a request to Slurm per scrape: one pass over a cluster's cached jobs is
-made once per informer poll and reused until the next poll.
+made once per informer poll and reused until the next poll. Jobs and partitions are polled
+only while someone wants them (the external metrics API while an HPA asks, or
+`--slurm-watch-jobs`); otherwise the job gauges are left out (unknown, not zero) and only
+`nodes_idle` is exported.
 
 Names follow slurmctld's own openmetrics (`MetricsType=metrics/openmetrics`) so a user can
 point the same HPA/KEDA rule at either source:
@@ -84,6 +87,8 @@ class ClusterStats:
     """One pass over one cluster's cache."""
 
     polls: int
+    # Whether jobs and partitions were polled: without them, only nodes_idle is known.
+    jobs_known: bool = False
     partitions: dict[str, PartitionStats] = field(default_factory=dict)
     # Idle nodes by (namespace, nodeset), from the Slurm node's identity comment/feature.
     nodeset_idle: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -112,11 +117,11 @@ def nodeset_of(node: Node) -> tuple[str, str] | None:
 
 
 def compute(informer: SlurmInformer) -> ClusterStats:
-    stats = ClusterStats(polls=informer.polls)
+    stats = ClusterStats(polls=informer.polls, jobs_known=informer.jobs_synced)
     parts = stats.partitions
-    for name in informer.partitions:
+    for name in informer.partitions if stats.jobs_known else ():
         parts[name] = PartitionStats()
-    for job in informer.jobs.values():
+    for job in informer.jobs.values() if stats.jobs_known else ():
         if not counts(job):
             continue
         for name in csv(job.partition):
@@ -148,7 +153,12 @@ class SlurmMetrics:
             return None
         informer = conn.informer
         cached = self._cache.get(cluster_key)
-        if cached is not None and cached[0] == id(informer) and cached[1].polls == informer.polls:
+        if (
+            cached is not None
+            and cached[0] == id(informer)
+            and cached[1].polls == informer.polls
+            and cached[1].jobs_known == informer.jobs_synced
+        ):
             return cached[1]
         stats = compute(informer)
         self.computations += 1
@@ -189,7 +199,8 @@ class Gauges(Collector):
         for key, stats in by_cluster.items():
             for name, p in stats.partitions.items():
                 for m, fam in part.items():
-                    fam.add_metric([key, name], p.value(m))
+                    if stats.jobs_known or not is_job_metric(m):
+                        fam.add_metric([key, name], p.value(m))
         for obj in self.nodesets():
             ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
             cluster = (obj.get("spec") or {}).get("clusterName")
@@ -197,9 +208,15 @@ class Gauges(Collector):
             if found is None:
                 continue
             for m, fam in nset.items():
-                fam.add_metric([ns, name], nodeset_value(found, ns, name, m))
+                if found.jobs_known or not is_job_metric(m):
+                    fam.add_metric([ns, name], nodeset_value(found, ns, name, m))
         yield from part.values()
         yield from nset.values()
+
+
+def is_job_metric(metric: str) -> bool:
+    """Whether the metric counts jobs (known only while jobs are polled)."""
+    return "_jobs_" in metric
 
 
 def nodeset_value(stats: ClusterStats, namespace: str, nodeset: str, metric: str) -> int:

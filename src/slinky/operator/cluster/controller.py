@@ -1,6 +1,7 @@
 """What the Cluster controller watches and how events become keys.
 
-- Clusters: their own key.
+- Clusters: their own key (not for a change of their status only: the operator's own write,
+  e.g. `lastPingTime`, would otherwise make every ping reconcile and ping again).
 - Secrets: every Cluster that references the Secret (token or JWT key), via an index. Only
   referenced Secrets are cached, each by its own by-name informer that lives as long as some
   Cluster names it, so the operator needs no right to list Secrets cluster-wide.
@@ -13,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from slinky.kube import events, rest
-from slinky.kube.controller import Controller
+from slinky.kube.controller import Controller, beyond_status
 from slinky.kube.informer import Handler, InformerFactory
 from slinky.kube.store import key_of
 from slinky.operator.clients import ClusterClients
@@ -68,7 +69,7 @@ def build(
         kube, clusters=clusters, secrets=secrets, clients=clients, recorder=recorder, opts=opts
     )
     ctrl = Controller("cluster", sync, workers=workers)
-    ctrl.watch(clusters)
+    ctrl.watch(clusters, predicate=beyond_status)
     ctrl.watch(secrets, lambda s: [key_of(c) for c in clusters.by_index(BY_SECRET, key_of(s))])
 
     def on_slurm(cluster_key: str, event: SlurmEvent) -> None:

@@ -1,10 +1,11 @@
 """What the NodeSet controller watches, and which events enqueue which NodeSet.
 
-- NodeSets: their own key.
+- NodeSets: their own key (not for a change of their status only: the operator's own write).
 - Clusters: a Cluster change (e.g. `spec.controller`) enqueues its NodeSets.
 - Pods, Services, PodDisruptionBudgets, ControllerRevisions (only those the operator made,
-  by label): the owning NodeSet; pod adds/deletes also settle expectations; a deleted
-  Service or PDB is re-created by the reconcile this enqueues.
+  by label): the owning NodeSet; pod adds and deletions (a deletionTimestamp is enough)
+  also settle expectations; a deleted Service or PDB is re-created by the reconcile this
+  enqueues.
 - Kubernetes Nodes: a node cordoned or uncordoned (or its cordon reason changed) enqueues the
   NodeSets with pods on it (index by spec.nodeName).
 - Slurm (the seeds' "Slurm event channel"): a change of Slurm node `X` of Cluster `ns/c`
@@ -17,12 +18,13 @@ from __future__ import annotations
 from typing import Any
 
 from slinky.kube import events, rest
-from slinky.kube.controller import Controller, owner_mapper
+from slinky.kube.controller import Controller, beyond_status, owner_mapper
 from slinky.kube.expectations import Expectations
 from slinky.kube.informer import Handler, InformerFactory
 from slinky.kube.store import BY_NODE_NAME, index_node_name, key_of
 from slinky.operator.clients import ClusterClients
 from slinky.operator.nodeset import builder
+from slinky.operator.nodeset import pods as pod_fields
 from slinky.operator.nodeset.sync import NodeSetSync
 from slinky.operator.resources import CLUSTERS, NODESETS
 from slinky.slurm.informer import SlurmEvent
@@ -35,6 +37,20 @@ MANAGED = f"{builder.LABEL_MANAGED_BY}={builder.MANAGER}"
 def cluster_of_nodeset(obj: JSON) -> list[str]:
     name = (obj.get("spec") or {}).get("clusterName")
     return [f"{obj['metadata']['namespace']}/{name}"] if name else []
+
+
+def slim_node(node: JSON) -> JSON:
+    """What the cordon mirror reads of a Kubernetes node (name, annotations,
+    `spec.unschedulable`): a large cluster's node status (images, conditions) is not kept."""
+    meta = node["metadata"]
+    return {
+        "apiVersion": node.get("apiVersion"),
+        "kind": node.get("kind"),
+        "metadata": {
+            k: meta[k] for k in ("name", "uid", "resourceVersion", "annotations") if k in meta
+        },
+        "spec": {"unschedulable": True} if (node.get("spec") or {}).get("unschedulable") else {},
+    }
 
 
 def expectation_key(pod: JSON) -> str | None:
@@ -56,11 +72,14 @@ def build(
     nodesets = factory.shared(NODESETS, indexers={BY_CLUSTER: cluster_of_nodeset})
     clusters = factory.shared(CLUSTERS)
     pods = factory.shared(
-        rest.PODS, label_selector=MANAGED, indexers={BY_NODE_NAME: index_node_name}
+        rest.PODS,
+        label_selector=MANAGED,
+        indexers={BY_NODE_NAME: index_node_name},
+        transform=pod_fields.slim,
     )
     services = factory.shared(rest.SERVICES, label_selector=MANAGED)
     pdbs = factory.shared(rest.PDBS, label_selector=MANAGED)
-    nodes = factory.informer(rest.NODES)
+    nodes = factory.informer(rest.NODES, transform=slim_node)
     revisions = factory.shared(rest.CONTROLLER_REVISIONS, label_selector=builder.LABEL_NODESET)
     expectations = Expectations()
     sync = NodeSetSync(
@@ -77,7 +96,7 @@ def build(
         expectations=expectations,
     )
     ctrl = Controller("nodeset", sync, workers=workers)
-    ctrl.watch(nodesets)
+    ctrl.watch(nodesets, predicate=beyond_status)
     ctrl.watch(
         clusters,
         lambda c: [key_of(n) for n in nodesets.by_index(BY_CLUSTER, key_of(c))],
@@ -97,7 +116,16 @@ def build(
         if k := expectation_key(pod):
             expectations.deletion_observed(k, pod["metadata"]["uid"])
 
-    pods.add_handler(Handler(on_add=observed_add, on_delete=observed_delete))
+    def observed_update(_old: JSON, pod: JSON) -> None:
+        # Like kube-controller-manager: a pod being deleted gracefully counts as deleted
+        # once its deletionTimestamp shows, not seconds later when its preStop and
+        # containers are done; the next decision must not wait for that.
+        if pod["metadata"].get("deletionTimestamp"):
+            observed_delete(pod)
+
+    pods.add_handler(
+        Handler(on_add=observed_add, on_update=observed_update, on_delete=observed_delete)
+    )
 
     def node_changed(old: JSON | None, new: JSON) -> bool:
         def cordon(n: JSON | None) -> tuple[Any, Any]:

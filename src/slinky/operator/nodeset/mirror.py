@@ -14,10 +14,13 @@ names another pod.
 from __future__ import annotations
 
 import datetime as dt
+import functools
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from slinky.kube import conditions, events
-from slinky.operator.nodeset import pods, slurmcontrol
+from slinky.operator.clients import Connection
+from slinky.operator.nodeset import pods, scalein, slurmcontrol
 from slinky.operator.nodeset.builder import (
     ANNOTATION_CORDON,
     ANNOTATION_NODE_CORDON_REASON,
@@ -33,6 +36,7 @@ JSON = dict[str, Any]
 # comment and state show up at once); a slurmd that never registers (kwok, a broken image)
 # does not keep the informer polling fast.
 REGISTRATION_WINDOW_S = 60.0
+WRITES_IN_FLIGHT = 16
 SLURM_CONDITIONS = (
     "Idle",
     "Allocated",
@@ -89,18 +93,30 @@ def changed_conditions(pod: JSON, node: Node) -> list[JSON]:
 
 
 async def mirror_slurm(ctx: Context, view: View) -> None:
+    """Writes only what changed, concurrently (bounded): when many jobs end at once, the
+    pods of their nodes must not wait for each other's patches before the scale-in step."""
     assert view.conn is not None
-    for pod in view.active.values():
-        node = view.slurm_node(pod)
-        if node is None:
-            continue
-        if changed := changed_conditions(pod, node):
-            await ctx.podcontrol.patch_conditions(pod, changed)
+    conn = view.conn
+    work: list[Callable[[], Awaitable[None]]] = []
+    for pod, node in view.pods_with_nodes():
+        changed = changed_conditions(pod, node)
         protect = "true" if node.state.is_busy else None
-        if pods.label(pod, LABEL_PROTECT) != protect:
-            await ctx.podcontrol.patch_metadata(pod, labels={LABEL_PROTECT: protect})
-        if pods.node_name(pod):
-            await slurmcontrol.set_comment(view.conn, node, slurm_comment(pod))
+        comment = slurm_comment(pod) if pods.node_name(pod) else node.comment
+        if changed or pods.label(pod, LABEL_PROTECT) != protect or node.comment != comment:
+            one = functools.partial(mirror_one, changed=changed, comment=comment)
+            work.append(functools.partial(one, ctx, conn, pod, node))
+    await scalein.bounded(work, WRITES_IN_FLIGHT)
+
+
+async def mirror_one(
+    ctx: Context, conn: Connection, pod: JSON, node: Node, *, changed: list[JSON], comment: str
+) -> None:
+    if changed:
+        await ctx.podcontrol.patch_conditions(pod, changed)
+    protect = "true" if node.state.is_busy else None
+    if pods.label(pod, LABEL_PROTECT) != protect:
+        await ctx.podcontrol.patch_metadata(pod, labels={LABEL_PROTECT: protect})
+    await slurmcontrol.set_comment(conn, node, comment)
 
 
 def registering(view: View) -> bool:
@@ -134,10 +150,7 @@ def cordon_reason(ctx: Context, pod: JSON) -> str | None:
 
 async def sync_cordon(ctx: Context, view: View) -> None:
     assert view.conn is not None
-    for pod in view.active.values():
-        node = view.slurm_node(pod)
-        if node is None:
-            continue
+    for pod, node in view.pods_with_nodes():
         name = node.name
         reason = cordon_reason(ctx, pod)
         if reason and not node.state.is_drain:

@@ -183,6 +183,8 @@ async def remove_when_drained(
     """Condemn, drain, and delete once drained. Returns the drained verdict: unless `safe`,
     the pod is still there and the caller waits."""
     name = pods.name(pod)
+    if pods.condemned(pod) != why:
+        view.acted_on.add(name)  # its cached dict predates what this pass writes
     scheduled = pods.node_name(pod) is not None
     verdict = Drained.ABSENT  # an unscheduled pod never ran a slurmd: nothing to drain
     if scheduled:
@@ -273,6 +275,7 @@ async def bounded(calls: list[Callable[[], Awaitable[T]]], limit: int) -> list[T
 async def keep(ctx: Context, view: View, pod: JSON, *, cordon_reason: str | None) -> None:
     """A condemned pod is wanted again: undrain (unless cordoned) and un-condemn."""
     name = pods.name(pod)
+    view.acted_on.add(name)
     await ctx.podcontrol.patch_metadata(pod, annotations={ANNOTATION_CONDEMNED: None})
     if (
         view.conn is not None

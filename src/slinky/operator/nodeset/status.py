@@ -14,7 +14,7 @@ import datetime as dt
 from typing import Any
 
 from slinky.kube import conditions, events, objects, rest
-from slinky.operator.nodeset import builder, pods, update
+from slinky.operator.nodeset import builder, pods
 from slinky.operator.nodeset.view import Context, View
 from slinky.operator.resources import NODESETS
 
@@ -50,19 +50,22 @@ async def write_status(
     pending_ready: list[float] = []
     current = old_status.get("currentRevision") or view.revision
     revisions: dict[str, int] = {}
+    min_ready = view.spec.min_ready_seconds
+    nodes = view.conn.informer.nodes if view.conn is not None else {}
     for p in view.active.values():
-        since = pods.ready_since(p)
-        if since is not None:
+        f = pods.facts(p)
+        if f.ready:
             n_ready += 1
-            if update.available(view, p, now):
-                n_available += 1
-            elif pods.condemned(p) is None:
-                left = view.spec.min_ready_seconds - (now - since).total_seconds()
-                if left > 0:
+            # update.available, inlined: this loop runs over every pod on every reconcile.
+            if f.condemned is None:
+                since = f.ready_at or now
+                left = min_ready - (now - since).total_seconds()
+                if left <= 0:
+                    n_available += 1
+                else:
                     pending_ready.append(left)
-        rev = pods.revision_of(p)
-        revisions[rev] = revisions.get(rev, 0) + 1
-        node = view.slurm_node(p)
+        revisions[f.revision] = revisions.get(f.revision, 0) + 1
+        node = view.slurm_node(p) if nodes else None
         if node is not None:
             state = node.state
             idle += state.base == "IDLE" and not state.is_drain

@@ -3,10 +3,11 @@
 1. `ensure_children`  — headless Service, PodDisruptionBudget, ControllerRevision (re-created
                         when deleted; the Service follows `serviceName`);
 2. `replace_finished` — pods that ended (Succeeded/Failed) are deleted and later re-created;
-3. `mirror.mirror_slurm` / `mirror.sync_cordon` — state both ways (mirror.py);
-4. `scalein.scale_in` or `scale_out` — remove victims through the drain-before-delete path
+3. `scalein.scale_in` or `scale_out` — remove victims through the drain-before-delete path
                         (scalein.py), or create missing ordinals in slow-start batches;
-5. `update.rolling_update` — the rolling update rule (update.py);
+4. `update.rolling_update` — the rolling update rule (update.py);
+5. `mirror.mirror_slurm` / `mirror.sync_cordon` — state both ways for the pods that stay
+                        (mirror.py);
 6. `partition.Partitions.sync` — the NodeSet's Slurm partition (partition.py);
 7. `status.write_status` — status.py.
 
@@ -147,6 +148,11 @@ class NodeSetSync:
             # Without a controller address there is no new revision to roll to: keep the
             # pods where they are rather than replace them by pods that cannot be built.
             revision = str((obj.get("status") or {}).get("updateRevision") or revision)
+        active: dict[str, JSON] = {}
+        terminating: dict[str, JSON] = {}
+        for p in owned:
+            f = pods.facts(p)
+            (terminating if f.deleting else active)[f.name] = p
         return View(
             obj=obj,
             spec=spec,
@@ -155,8 +161,8 @@ class NodeSetSync:
             revision=revision,
             conf_server=conf_server,
             conn=self.clients.get(f"{meta['namespace']}/{spec.cluster_name}"),
-            active={pods.name(p): p for p in owned if not p["metadata"].get("deletionTimestamp")},
-            terminating={pods.name(p): p for p in owned if p["metadata"].get("deletionTimestamp")},
+            active=active,
+            terminating=terminating,
             conf_problem=conf_problem,
         )
 
@@ -191,9 +197,6 @@ class NodeSetSync:
         requeue: list[float] = []
         if self.ctx.expectations.satisfied(view.exp_key):
             await self.replace_finished(view)
-            if view.slurm_ready:
-                await mirror.mirror_slurm(self.ctx, view)
-                await mirror.sync_cordon(self.ctx, view)
             if mirror.registering(view):
                 view.waits.append("new slurmd registering")
                 requeue.append(REGISTERING_RECHECK_S)  # ends the fast polls after the window
@@ -205,8 +208,17 @@ class NodeSetSync:
                 requeue += await self.scale_out(view, -excess)
             if view.conf_problem is None:
                 requeue += await update.rolling_update(self.ctx, view)
+            if view.slurm_ready:
+                # After the removals: a pod whose job just ended is deleted first, not
+                # after its Slurm state was mirrored onto it.
+                await mirror.mirror_slurm(self.ctx, view)
+                await mirror.sync_cordon(self.ctx, view)
         else:
             requeue.append(5.0)  # backstop: observations normally arrive first
+            if any(pods.condemned(p) for p in view.active.values()):
+                # Nothing is decided now, but condemned pods still wait on Slurm: keep
+                # polling fast, so their drain is seen as soon as the cache catches up.
+                view.waits.append("condemned pods wait to be drained")
         if outcome := await self.partitions.sync(self.ctx, view):
             view.conditions.append(
                 (partition.CONDITION, outcome.ok, outcome.reason, outcome.message)
