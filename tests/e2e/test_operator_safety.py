@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,6 +20,7 @@ from slinky.operator.nodeset.builder import ANNOTATION_CORDON
 from slinky.operator.nodeset.sync import ANNOTATION_SKIP_DRAIN
 from slinky.operator.resources import CLUSTERS, NODESETS
 from slinky.slurm import errors
+from slinky.slurm.models import number
 from slinky_testbed import procs
 from slinky_testbed.waiting import wait_for
 from tests.e2e.nodeset_fixtures import Env, nodeset_manifest, slurm_key_secret, wait_idle_nodes
@@ -188,6 +190,36 @@ async def _absent(env: Env, name: str) -> bool:
 # ------------------------------------------------------------ controller address
 
 
+ENDPOINT_SLICES = rest.Resource("discovery.k8s.io", "v1", "endpointslices", "EndpointSlice")
+
+
+async def slurmctld_service(env: Env, ns: str, host: str, port: int) -> str:
+    """A selector-less ClusterIP Service whose one endpoint is slurmctld; its ClusterIP."""
+    svc = await env.kube.create(
+        rest.SERVICES,
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "ctld"},
+            "spec": {"ports": [{"name": "slurmctld", "port": port, "targetPort": port}]},
+        },
+        ns,
+    )
+    await env.kube.create(
+        ENDPOINT_SLICES,
+        {
+            "apiVersion": "discovery.k8s.io/v1",
+            "kind": "EndpointSlice",
+            "metadata": {"name": "ctld", "labels": {"kubernetes.io/service-name": "ctld"}},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [host]}],
+            "ports": [{"name": "slurmctld", "port": port, "protocol": "TCP"}],
+        },
+        ns,
+    )
+    return str(svc["spec"]["clusterIP"])
+
+
 async def test_a_nodeset_applied_with_its_cluster_gets_conf_server_pods(env: Env) -> None:
     async with other_namespace(env, "t-confsrv") as ns:
         # The NodeSet goes in right after its Cluster, before any Slurm connection is up
@@ -218,18 +250,30 @@ async def test_a_nodeset_applied_with_its_cluster_gets_conf_server_pods(env: Env
 
         await wait_for(idle, timeout=60, what="both register with slurmctld")
 
-        # Changing spec.controller rolls the pods onto the new address.
+        # Changing spec.controller rolls the pods onto the new address: a ClusterIP Service
+        # (no selector; its EndpointSlice names slurmctld) is a second way to reach it.
         host, port = env.testbed.slurmctld_addr.split(":")
-        if host != "127.0.0.1":
-            pytest.skip("no second spelling of the controller address on this test bed")
-        new_addr = f"localhost:{port}"
-        await env.kube.patch(CLUSTERS, "slurm", {"spec": {"controller": {"host": "localhost"}}}, ns)
+        new_host = await slurmctld_service(env, ns, host, int(port))
+        new_addr = f"{new_host}:{port}"
+        patched_at = int(time.time())
+        await env.kube.patch(CLUSTERS, "slurm", {"spec": {"controller": {"host": new_host}}}, ns)
 
         async def rolled() -> bool:
             items = await pods()
             return len(items) == 2 and all(conf_server_of(p) == new_addr for p in items)
 
         await wait_for(rolled, timeout=120, what="pods rolled onto the new --conf-server")
+
+        async def registered_anew() -> bool:
+            # Configless slurmd registers only after it fetched slurm.conf from --conf-server.
+            for n in ("conf-0", "conf-1"):
+                node = await env.slurm_node(n)
+                started = number(node.raw.get("slurmd_start_time")) if node else None
+                if not (node and node.state.is_idle and started and started >= patched_at):
+                    return False
+            return True
+
+        await wait_for(registered_anew, timeout=90, what="rolled slurmds registered again")
         with contextlib.suppress(rest.ApiError):
             await env.kube.delete(NODESETS, "conf", ns)
 
