@@ -213,12 +213,17 @@ async def test_child_pod_change_enqueues_its_owner(kube: rest.Kube, namespace: s
             "spec": {"nodeName": "nowhere", "containers": [{"name": "c", "image": "x"}]},
         }
         await kube.create(rest.PODS, child, namespace)
-        await wait_for(lambda: len(pods.store) == 1, timeout=10, what="child cached")
+        # The child's creation enqueues the owner too: let that reconcile land before counting.
+        await wait_for(
+            lambda: len(pods.store) == 1 and seen.count(f"{namespace}/owner") >= 2,
+            timeout=30,
+            what="child cached and its creation reconciled the owner",
+        )
         seen.clear()
         await kube.patch(rest.PODS, "child", {"metadata": {"labels": {"x": "1"}}}, namespace)
         await wait_for(
             lambda: seen == [f"{namespace}/owner"],
-            timeout=10,
+            timeout=30,
             what="child update enqueued the owner (once)",
         )
     finally:
