@@ -47,44 +47,30 @@ def ensure_pki(directory: Path) -> None:
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=directory)
 
 
+def _signed(directory: Path, name: str, subject: str, ext: str, ca: str = "ca") -> None:
+    """`<name>.key` and `<name>.crt` for `subject`, signed by `<ca>.{crt,key}`, with the
+    extensions `ext` (openssl extfile syntax)."""
+    (directory / f"{name}.ext").write_text(ext)
+    _openssl("genrsa", "-out", f"{name}.key", "2048", cwd=directory)
+    _openssl(
+        "req", "-new", "-key", f"{name}.key", "-subj", subject, "-out", f"{name}.csr",
+        cwd=directory,
+    )  # fmt: skip
+    _openssl(
+        "x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt", "-CAkey", f"{ca}.key",
+        "-CAcreateserial", "-days", "3650", "-sha256", "-extfile", f"{name}.ext",
+        "-out", f"{name}.crt",
+        cwd=directory,
+    )  # fmt: skip
+
+
 def serving_cert(directory: Path, name: str, hosts: list[str]) -> tuple[Path, Path]:
     """A serving certificate signed by the test bed CA (for webhooks on loopback)."""
     crt, key = directory / f"{name}.crt", directory / f"{name}.key"
-    if crt.exists() and key.exists():
-        return crt, key
-    sans = ",".join(f"IP:{h}" if h[0].isdigit() else f"DNS:{h}" for h in hosts)
-    (directory / f"{name}.ext").write_text(f"subjectAltName={sans}\nextendedKeyUsage=serverAuth\n")
-    _openssl("genrsa", "-out", key.name, "2048", cwd=directory)
-    _openssl(
-        "req",
-        "-new",
-        "-key",
-        key.name,
-        "-subj",
-        f"/CN={name}",
-        "-out",
-        f"{name}.csr",
-        cwd=directory,
-    )
-    _openssl(
-        "x509",
-        "-req",
-        "-in",
-        f"{name}.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "3650",
-        "-sha256",
-        "-extfile",
-        f"{name}.ext",
-        "-out",
-        crt.name,
-        cwd=directory,
-    )
+    if not (crt.exists() and key.exists()):
+        sans = ",".join(f"IP:{h}" if h[0].isdigit() else f"DNS:{h}" for h in hosts)
+        ext = f"subjectAltName={sans}\nextendedKeyUsage=serverAuth\n"
+        _signed(directory, name, f"/CN={name}", ext)
     return crt, key
 
 
@@ -92,40 +78,8 @@ def client_cert(directory: Path, name: str, *, user: str, group: str) -> tuple[P
     """A client certificate signed by the test bed CA: CN is the user, O the group (the way
     kubelets authenticate as `system:node:<name>` in `system:nodes`)."""
     crt, key = directory / f"{name}.crt", directory / f"{name}.key"
-    if crt.exists() and key.exists():
-        return crt, key
-    (directory / f"{name}.ext").write_text("extendedKeyUsage=clientAuth\n")
-    _openssl("genrsa", "-out", key.name, "2048", cwd=directory)
-    _openssl(
-        "req",
-        "-new",
-        "-key",
-        key.name,
-        "-subj",
-        f"/O={group}/CN={user}",
-        "-out",
-        f"{name}.csr",
-        cwd=directory,
-    )
-    _openssl(
-        "x509",
-        "-req",
-        "-in",
-        f"{name}.csr",
-        "-CA",
-        "ca.crt",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-days",
-        "3650",
-        "-sha256",
-        "-extfile",
-        f"{name}.ext",
-        "-out",
-        crt.name,
-        cwd=directory,
-    )
+    if not (crt.exists() and key.exists()):
+        _signed(directory, name, f"/O={group}/CN={user}", "extendedKeyUsage=clientAuth\n")
     return crt, key
 
 
@@ -156,36 +110,10 @@ def ensure_front_proxy_pki(directory: Path) -> None:
         "front-proxy-ca.crt",
         cwd=directory,
     )
-    name = FRONT_PROXY_CLIENT
-    (directory / f"{name}.ext").write_text("extendedKeyUsage=clientAuth\n")
-    _openssl("genrsa", "-out", f"{name}.key", "2048", cwd=directory)
-    _openssl(
-        "req",
-        "-new",
-        "-key",
-        f"{name}.key",
-        "-subj",
-        f"/CN={name}",
-        "-out",
-        f"{name}.csr",
-        cwd=directory,
-    )
-    _openssl(
-        "x509",
-        "-req",
-        "-in",
-        f"{name}.csr",
-        "-CA",
-        "front-proxy-ca.crt",
-        "-CAkey",
-        "front-proxy-ca.key",
-        "-CAcreateserial",
-        "-days",
-        "3650",
-        "-sha256",
-        "-extfile",
-        f"{name}.ext",
-        "-out",
-        f"{name}.crt",
-        cwd=directory,
+    _signed(
+        directory,
+        FRONT_PROXY_CLIENT,
+        f"/CN={FRONT_PROXY_CLIENT}",
+        "extendedKeyUsage=clientAuth\n",
+        ca="front-proxy-ca",
     )
