@@ -132,3 +132,12 @@ imagePullSecrets:
 priorityClassName: {{ . }}
 {{- end }}
 {{- end }}
+
+{{- /* compute.nodesets, each entry merged over compute.nodesetDefaults, as JSON. */ -}}
+{{- define "slurm.nodesets" -}}
+{{- $out := list }}
+{{- range .Values.compute.nodesets }}
+{{- $out = append $out (mustMergeOverwrite (deepCopy $.Values.compute.nodesetDefaults) .) }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}
