@@ -558,3 +558,30 @@ def test_login_pods_get_slurm_conf_and_the_key() -> None:
     login = one(objs, "Deployment", "slurm-login")["spec"]["template"]["spec"]
     init = login["initContainers"][0]["command"][2]
     assert "slurm.conf" in init and "slurm.key" in init
+
+
+def test_accounting_runs_slurmdbd_against_the_database_named_and_points_slurmctld_at_it() -> None:
+    objs = render(
+        "slurm",
+        "accounting.enabled=true",
+        "accounting.storage.host=mariadb.db",
+        "accounting.storage.passwordSecretRef.name=db-password",
+    )
+    dbd = one(objs, "Deployment", "slurm-accounting")["spec"]["template"]["spec"]
+    conf_init = next(c for c in dbd["initContainers"] if c["name"] == "slurmdbd-conf")
+    assert "StorageHost=mariadb.db" in conf_init["command"][2]
+    assert conf_init["env"][0]["valueFrom"]["secretKeyRef"] == {
+        "name": "db-password",
+        "key": "password",
+    }
+    conf = slurm_conf(objs)
+    assert "AccountingStorageType=accounting_storage/slurmdbd" in conf
+    assert "AccountingStorageHost=slurm-accounting.slurm.svc.cluster.local" in conf
+
+
+def test_accounting_without_a_password_secret_is_refused_naming_the_key() -> None:
+    out = helm(
+        "template", "x", str(CHARTS / "slurm"), "--set", "accounting.enabled=true", check=False
+    )
+    assert out.returncode != 0
+    assert "accounting.storage.passwordSecretRef.name is required" in out.stderr
