@@ -31,6 +31,28 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+class StrictLoader(yaml.SafeLoader):
+    """Refuses a mapping with a key twice, which PyYAML would silently collapse and the
+    apiserver's decoder rejects (`mapping key ... already defined`)."""
+
+
+def _no_duplicates(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise AssertionError(f"key {key!r} twice at {key_node.start_mark}")
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+
+
+def load_all(text: str) -> list[JSON]:
+    return [d for d in yaml.load_all(text, Loader=StrictLoader) if d]
+
+
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     out = subprocess.run(
         [str(HELM), *args], capture_output=True, text=True, timeout=60, check=False
@@ -45,14 +67,14 @@ def render(chart: str, *sets: str, namespace: str = "slurm", release: str = "slu
     args = ["template", release, str(CHARTS / chart), "--namespace", namespace]
     for s in sets:
         args += ["--set", s]
-    return [d for d in yaml.safe_load_all(helm(*args).stdout) if d]
+    return load_all(helm(*args).stdout)
 
 
 def render_values(chart: str, values: JSON, tmp_path: Path, release: str = "slurm") -> list[JSON]:
     path = tmp_path / "values.yaml"
     path.write_text(yaml.safe_dump(values))
     out = helm("template", release, str(CHARTS / chart), "-n", "slurm", "-f", str(path))
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
+    return load_all(out.stdout)
 
 
 def kinds(objs: list[JSON], kind: str) -> list[JSON]:

@@ -141,3 +141,10 @@ priorityClassName: {{ . }}
 {{- end }}
 {{- toJson $out }}
 {{- end }}
+
+{{- /* Labels of a component's own object: the release's plus name and component. */ -}}
+{{- define "slurm.componentLabels" -}}
+app.kubernetes.io/name: slurm{{ .component }}
+app.kubernetes.io/component: {{ .component }}
+{{ include "slurm.labels" .root }}
+{{- end }}
