@@ -607,3 +607,53 @@ def test_accounting_without_a_password_secret_is_refused_naming_the_key() -> Non
     )
     assert out.returncode != 0
     assert "accounting.storage.passwordSecretRef.name is required" in out.stderr
+
+
+def _schema_problems(value: Any, schema: JSON, path: str) -> list[str]:
+    """Where `value` leaves the CRD's structural schema: fields the apiserver would prune
+    (silently dropped settings), missing required fields, wrong basic types."""
+    kind = schema.get("type")
+    types = {"object": dict, "array": list, "string": str, "boolean": bool}
+    if kind in types and not isinstance(value, types[kind]):
+        return [f"{path}: expected {kind}, got {type(value).__name__}"]
+    if kind == "integer" and (isinstance(value, bool) or not isinstance(value, int)):
+        return [f"{path}: expected integer, got {value!r}"]
+    problems = []
+    if isinstance(value, dict):
+        props = schema.get("properties")
+        problems += [f"{path}.{k}: required" for k in schema.get("required", []) if k not in value]
+        for k, v in value.items():
+            if props is not None and k in props:
+                problems += _schema_problems(v, props[k], f"{path}.{k}")
+            elif isinstance(schema.get("additionalProperties"), dict):
+                problems += _schema_problems(v, schema["additionalProperties"], f"{path}.{k}")
+            elif props is not None and not schema.get("x-kubernetes-preserve-unknown-fields"):
+                problems.append(f"{path}.{k}: not in the CRD schema (pruned)")
+    if isinstance(value, list) and "items" in schema:
+        for n, item in enumerate(value):
+            problems += _schema_problems(item, schema["items"], f"{path}[{n}]")
+    return problems
+
+
+def test_clusters_and_nodesets_the_chart_renders_fit_the_crds(tmp_path: Path) -> None:
+    schemas = {}
+    for path in (REPO / "config/crd").glob("*.yaml"):
+        crd = yaml.safe_load(path.read_text())
+        version = crd["spec"]["versions"][0]
+        schemas[crd["spec"]["names"]["kind"]] = version["schema"]["openAPIV3Schema"]
+    values = {
+        "compute": {
+            "nodesetDefaults": {"nodeConfig": "CPUs=2", "extraVolumes": [{"name": "x"}]},
+            "nodesets": [
+                {"name": "a", "volumeClaimTemplates": [{"metadata": {"name": "scratch"}}]},
+                {"name": "b", "autoscaling": {"enabled": True}, "tolerations": [{"key": "k"}]},
+            ],
+        }
+    }
+    objs = render_values("slurm", values, tmp_path)
+    checked = [o for o in objs if o["kind"] in schemas]
+    assert len(checked) == 3
+    for obj in checked:
+        assert (
+            _schema_problems(obj["spec"], schemas[obj["kind"]]["properties"]["spec"], "spec") == []
+        )
