@@ -185,12 +185,20 @@ class Install:
         return list(got["items"])
 
     async def memory_mib(self, namespace: str, selector: str) -> float:
-        """Memory of the pod's container as its cgroup counts it (no metrics-server here)."""
+        """Resident memory of the processes in the pod's container (no metrics-server here,
+        and the container sees the host's cgroup tree)."""
         pod = (await self.pods(namespace, selector))[0]["metadata"]["name"]
-        used = self.kubectl(
-            "-n", namespace, "exec", pod, "--", "cat", "/sys/fs/cgroup/memory.current"
+        script = (
+            "import os\n"
+            "total = 0\n"
+            "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+            "    for line in open(f'/proc/{pid}/status'):\n"
+            "        if line.startswith('VmRSS:'):\n"
+            "            total += int(line.split()[1])\n"
+            "print(total)\n"
         )
-        return int(used.strip()) / 2**20
+        kib = self.kubectl("-n", namespace, "exec", pod, "--", "python3", "-c", script)
+        return int(kib.strip()) / 1024
 
     async def secret_data(self, namespace: str, name: str) -> JSON:
         return dict((await self.kube.get(rest.SECRETS, name, namespace))["data"])
@@ -342,6 +350,8 @@ async def install(
         with contextlib.suppress(rest.ApiError):
             await kube.delete(PVS, inst.storage_class)
         await operator.restart()
+        for what, value in inst.timings.items():
+            print(f"helm e2e: {what}: {value:.1f}")
 
 
 async def test_helm_installs_operator_slurm_and_bridge_that_run_jobs_upgrade_and_uninstall(
@@ -579,6 +589,3 @@ async def test_helm_installs_operator_slurm_and_bridge_that_run_jobs_upgrade_and
     roles = (await kube.list(CLUSTER_ROLES))["items"]
     mine = (i.operator_release, i.bridge_release)
     assert not [r["metadata"]["name"] for r in roles if r["metadata"]["name"].startswith(mine)]
-
-    for what, value in i.timings.items():
-        print(f"helm e2e: {what}: {value:.1f}")
