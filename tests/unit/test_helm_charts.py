@@ -575,11 +575,18 @@ def test_uninstall_drains_the_nodesets_before_anything_else_goes() -> None:
     assert not kinds(render("slurm", "cleanup.enabled=false"), "Job")
 
 
-def test_login_pods_get_slurm_conf_and_the_key() -> None:
-    objs = render("slurm", "login.enabled=true")
+def test_login_pods_run_sackd_against_slurmctld_with_only_the_key() -> None:
+    objs = render("slurm", "login.enabled=true", "login.image.repository=site/slurm-login")
     login = one(objs, "Deployment", "slurm-login")["spec"]["template"]["spec"]
-    init = login["initContainers"][0]["command"][2]
-    assert "slurm.conf" in init and "slurm.key" in init
+    container = login["containers"][0]
+    assert container["image"] == "site/slurm-login:26.05"
+    assert container["args"] == [
+        "sackd",
+        "-D",
+        "--conf-server",
+        "slurm-controller.slurm.svc.cluster.local:6817",
+    ]
+    assert [m["mountPath"] for m in container["volumeMounts"]] == ["/etc/slurm/slurm.key"]
 
 
 def test_accounting_runs_slurmdbd_against_the_database_named_and_points_slurmctld_at_it() -> None:
