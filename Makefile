@@ -88,9 +88,10 @@ dev-down: venv
 dev-env: venv
 	@$(BIN)/slinky testbed --dir $(DEV_DIR) env
 
-## Regenerate config/crd/ from the API models.
+## Regenerate config/crd/ from the API models (and the CRD chart's copy of them).
 crds: venv
 	$(BIN)/python -m slinky.api.v1alpha1.crds config/crd
+	cp config/crd/*.yaml helm/slurm-operator-crds/files/
 
 bench: images
 	$(BIN)/python -m bench

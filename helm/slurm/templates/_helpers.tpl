@@ -1,0 +1,150 @@
+{{- /* Prefix of every name: the release name unless overridden. */ -}}
+{{- define "slurm.prefix" -}}
+{{- default .Release.Name .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "slurm.clusterName" -}}
+{{- default (include "slurm.prefix" .) .Values.clusterName }}
+{{- end }}
+
+{{- define "slurm.labels" -}}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: slinky
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end }}
+
+{{- /* Selector labels of one component: (dict "root" $ "component" "controller") */ -}}
+{{- define "slurm.selectorLabels" -}}
+app.kubernetes.io/name: slurm{{ .component }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "slurm.image" -}}
+{{- $img := .image | default dict }}
+{{- printf "%s:%s" (default .root.Values.image.repository $img.repository) (default .root.Chart.AppVersion (default .root.Values.image.tag $img.tag)) }}
+{{- end }}
+
+{{- define "slurm.controllerName" -}}
+{{- printf "%s-controller" (include "slurm.prefix" .) }}
+{{- end }}
+
+{{- /* Where slurmd pods and clients reach slurmctld: the headless Service's name. */ -}}
+{{- define "slurm.controllerHost" -}}
+{{- if .Values.external.enabled }}
+{{- required "external.controllerHost is required in hybrid mode (external.enabled)" .Values.external.controllerHost }}
+{{- else }}
+{{- printf "%s.%s.svc.%s" (include "slurm.controllerName" .) .Release.Namespace .Values.clusterDomain }}
+{{- end }}
+{{- end }}
+
+{{- define "slurm.controllerPort" -}}
+{{- if .Values.external.enabled }}{{ .Values.external.controllerPort }}{{ else }}{{ .Values.controller.port }}{{ end }}
+{{- end }}
+
+{{- define "slurm.restapiUrl" -}}
+{{- if .Values.external.enabled }}
+{{- required "external.restapiUrl is required in hybrid mode (external.enabled)" .Values.external.restapiUrl }}
+{{- else }}
+{{- printf "http://%s-restapi.%s.svc.%s:%v" (include "slurm.prefix" .) .Release.Namespace .Values.clusterDomain .Values.restapi.port }}
+{{- end }}
+{{- end }}
+
+{{- define "slurm.slurmKeySecret" -}}
+{{- default (printf "%s-slurm-key" (include "slurm.prefix" .)) .Values.slurmKey.existingSecret }}
+{{- end }}
+
+{{- define "slurm.jwtKeySecret" -}}
+{{- default (printf "%s-jwt-key" (include "slurm.prefix" .)) .Values.jwtKey.existingSecret }}
+{{- end }}
+
+{{- define "slurm.nodesetName" -}}
+{{- printf "%s-compute-%s" (include "slurm.prefix" .root) .nodeset.name }}
+{{- end }}
+
+{{- /* key: value map -> "Key=value Key2=value2", keys sorted. */ -}}
+{{- define "slurm.confOptions" -}}
+{{- $out := list }}
+{{- range $k, $v := . }}{{ $out = append $out (printf "%s=%v" $k $v) }}{{ end }}
+{{- join " " $out }}
+{{- end }}
+
+{{- /*
+Init container: copies slurm.conf, cgroup.conf and the keys into /etc/slurm (an emptyDir) with
+the owner and mode Slurm insists on (keys owned by SlurmUser, 0600), which Secret volumes
+cannot give.
+*/ -}}
+{{- define "slurm.configInit" -}}
+- name: config
+  image: {{ include "slurm.image" (dict "root" .) }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  command:
+    - /bin/sh
+    - -ec
+    - |
+      install -m 0644 /mnt/config/slurm.conf /mnt/config/cgroup.conf /etc/slurm/
+      install -o {{ .Values.slurmConfig.slurmUser }} -g {{ .Values.slurmConfig.slurmUser }} -m 0600 /mnt/slurm-key/slurm.key /mnt/jwt-key/jwt_hs256.key /etc/slurm/
+  volumeMounts:
+    - {name: etc-slurm, mountPath: /etc/slurm}
+    - {name: config, mountPath: /mnt/config}
+    - {name: slurm-key, mountPath: /mnt/slurm-key}
+    - {name: jwt-key, mountPath: /mnt/jwt-key}
+{{- end }}
+
+{{- define "slurm.configVolumes" -}}
+- name: etc-slurm
+  emptyDir: {}
+- name: config
+  configMap:
+    name: {{ include "slurm.prefix" . }}-config
+- name: slurm-key
+  secret:
+    secretName: {{ include "slurm.slurmKeySecret" . }}
+- name: jwt-key
+  secret:
+    secretName: {{ include "slurm.jwtKeySecret" . }}
+{{- end }}
+
+{{- /* Scheduling and common pod fields of a component's values. */ -}}
+{{- define "slurm.podScheduling" -}}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{- define "slurm.podCommon" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- end }}
+
+{{- /* compute.nodesets, each entry merged over compute.nodesetDefaults, as JSON. */ -}}
+{{- define "slurm.nodesets" -}}
+{{- $out := list }}
+{{- range .Values.compute.nodesets }}
+{{- $out = append $out (mustMergeOverwrite (deepCopy $.Values.compute.nodesetDefaults) .) }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}
+
+{{- /* Labels of a component's own object: the release's plus name and component. */ -}}
+{{- define "slurm.componentLabels" -}}
+app.kubernetes.io/name: slurm{{ .component }}
+app.kubernetes.io/component: {{ .component }}
+{{ include "slurm.labels" .root }}
+{{- end }}

@@ -1,0 +1,591 @@
+"""The Helm charts installed for real on the test bed's real nodes, as a user installs them:
+`helm install` of the CRDs, the operator, a Slurm cluster and the bridge from helm/, with the
+images `make images` built. A job runs on NodeSet pods, a pod of a managed namespace is
+scheduled by Slurm, `helm upgrade` rolls the slurmd pods around a running job without
+re-keying anything, and `helm uninstall` drains before it deletes and leaves nothing behind.
+
+The session's operator process is stopped meanwhile (it watches every namespace), as in
+test_operator_in_pod. The chart's external metrics API stays off: the session's operator
+owns the cluster's one `v1beta1.external.metrics.k8s.io` APIService (the template branches
+are unit-tested). The bridge gets its own scheduler name, so the session's bridge (if any)
+never touches these pods."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from slinky.kube import rest
+from slinky.operator.resources import CLUSTERS, NODESETS
+from slinky_testbed import nodes, paths
+from slinky_testbed.bed import Testbed
+from slinky_testbed.waiting import wait_for
+from tests.e2e.operator_fixtures import OperatorProcess, condition
+
+pytestmark = pytest.mark.e2e
+
+JSON = dict[str, Any]
+REPO = Path(__file__).resolve().parents[2]
+CHARTS = REPO / "helm"
+HELM = paths.bin_dir() / "helm"
+STATEFULSETS = rest.Resource("apps", "v1", "statefulsets", "StatefulSet")
+PVS = rest.Resource("", "v1", "persistentvolumes", "PersistentVolume", namespaced=False)
+SERVICE_ACCOUNTS = rest.Resource("", "v1", "serviceaccounts", "ServiceAccount")
+JOBS = rest.Resource("batch", "v1", "jobs", "Job")
+ROLES = rest.Resource("rbac.authorization.k8s.io", "v1", "roles", "Role")
+ROLE_BINDINGS = rest.Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
+CLUSTER_ROLES = rest.Resource(
+    "rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False
+)
+SLURM_NODENAME = "slinky.slurm.net/slurm-nodename"
+NODE_CONFIG = "CPUs=2 RealMemory=1000"
+
+
+def image(name: str) -> JSON:
+    repository, tag = nodes.image_ref(name).rsplit(":", 1)
+    return {"repository": repository, "tag": tag}
+
+
+@dataclass
+class Install:
+    """One run of the three charts: releases, namespaces, and what was measured."""
+
+    testbed: Testbed
+    kube: rest.Kube
+    work: Path
+    digest: str
+    slurm_ns: str
+    operator_ns: str
+    jobs_ns: str
+    bridge_node: str
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def operator_release(self) -> str:
+        return f"op-{self.digest}"
+
+    @property
+    def slurm_release(self) -> str:
+        return f"s{self.digest}"
+
+    @property
+    def bridge_release(self) -> str:
+        return f"br-{self.digest}"
+
+    @property
+    def crds_release(self) -> str:
+        return f"crds-{self.digest}"
+
+    @property
+    def ctld_pod(self) -> str:
+        return f"{self.slurm_release}-controller-0"
+
+    @property
+    def storage_class(self) -> str:
+        return f"slurm-e2e-{self.digest}"
+
+    def nodeset(self, name: str) -> str:
+        return f"{self.slurm_release}-compute-{name}"
+
+    async def helm(self, *args: str, timeout: float = 300) -> str:
+        proc = await asyncio.create_subprocess_exec(
+            str(HELM),
+            f"--kubeconfig={self.testbed.kubeconfig}",
+            *args,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        if proc.returncode != 0:
+            raise AssertionError(
+                f"helm {' '.join(args)} exited {proc.returncode}:\n{err.decode()}\n"
+                + self.diagnose()
+            )
+        return out.decode()
+
+    def kubectl(self, *args: str) -> str:
+        out = self.testbed.kubectl(list(args), timeout=60)
+        if out.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed:\n{out.stderr}")
+        return out.stdout
+
+    def ctld(self, *argv: str) -> str:
+        """A Slurm command run in the slurmctld pod, as users of the chart do."""
+        return self.kubectl(
+            "-n", self.slurm_ns, "exec", self.ctld_pod, "-c", "slurmctld", "--", *argv
+        )
+
+    def job_fields(self, job_id: int) -> dict[str, str]:
+        text = self.ctld("scontrol", "-o", "show", "job", str(job_id))
+        return dict(re.findall(r"(\w+)=(\S*)", text))
+
+    def diagnose(self) -> str:
+        out = []
+        for args in (
+            ["get", "pods", "-A", "-o", "wide"],
+            ["get", "events", "-A", "--sort-by=.lastTimestamp"],
+        ):
+            got = self.testbed.kubectl(args, timeout=30)
+            out.append(got.stdout[-6000:] + got.stderr[-2000:])
+        return "\n".join(out)
+
+    def values_file(self, name: str, values: JSON) -> str:
+        path = self.work / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(values))
+        return str(path)
+
+    def slurm_values(self, *, batch_labels: dict[str, str] | None = None) -> JSON:
+        """The slurm chart's values for the test bed: slurmctld state on the test's hostPath
+        PV, one NodeSet for batch jobs, one pinned to the bridge's node (its Slurm partition
+        is the bridge's)."""
+        return {
+            "image": {**image("slurm"), "pullPolicy": "IfNotPresent"},
+            "operator": {
+                "namespace": self.operator_ns,
+                "serviceAccountName": f"{self.operator_release}-slurm-operator",
+            },
+            "controller": {
+                "persistence": {
+                    "storageClassName": self.storage_class,
+                    "size": "1Gi",
+                    "whenDeleted": "Delete",
+                },
+                "terminationGracePeriodSeconds": 10,
+            },
+            "cleanup": {"image": image("slinky")},
+            "compute": {
+                "nodesetDefaults": {
+                    "nodeConfig": NODE_CONFIG,
+                    "terminationGracePeriodSeconds": 30,
+                },
+                "nodesets": [
+                    {"name": "batch", "replicas": 1, "podLabels": batch_labels or {}},
+                    {
+                        "name": "bridge",
+                        "replicas": 1,
+                        "nodeSelector": {"kubernetes.io/hostname": self.bridge_node},
+                        "partition": {"name": "slurm-bridge"},
+                    },
+                ],
+            },
+        }
+
+    async def pods(self, namespace: str, selector: str) -> list[JSON]:
+        got = await self.kube.list(rest.PODS, namespace, params={"labelSelector": selector})
+        return list(got["items"])
+
+    async def memory_mib(self, namespace: str, selector: str) -> float:
+        """Resident memory of the processes in the pod's container (no metrics-server here,
+        and the container sees the host's cgroup tree)."""
+        pod = (await self.pods(namespace, selector))[0]["metadata"]["name"]
+        script = (
+            "import os\n"
+            "total = 0\n"
+            "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+            "    for line in open(f'/proc/{pid}/status'):\n"
+            "        if line.startswith('VmRSS:'):\n"
+            "            total += int(line.split()[1])\n"
+            "print(total)\n"
+        )
+        kib = self.kubectl("-n", namespace, "exec", pod, "--", "python3", "-c", script)
+        return int(kib.strip()) / 1024
+
+    async def secret_data(self, namespace: str, name: str) -> JSON:
+        return dict((await self.kube.get(rest.SECRETS, name, namespace))["data"])
+
+    async def leftovers(self, namespace: str, release: str) -> list[str]:
+        """Objects of a release (by Helm's instance label) still in a namespace."""
+        left = []
+        selector = f"app.kubernetes.io/instance={release}"
+        for res in (
+            rest.PODS, rest.SERVICES, rest.SECRETS, rest.CONFIGMAPS, rest.PVCS, STATEFULSETS,
+            rest.DEPLOYMENTS, JOBS, NODESETS, CLUSTERS, ROLES, ROLE_BINDINGS, SERVICE_ACCOUNTS,
+        ):  # fmt: skip
+            items = (await self.kube.list(res, namespace, params={"labelSelector": selector}))[
+                "items"
+            ]
+            left += [f"{res.kind}/{i['metadata']['name']}" for i in items]
+        return left
+
+
+async def submit(install: Install, partition: str, seconds: int) -> int:
+    out = install.ctld(
+        "sbatch",
+        "--parsable",
+        "-p",
+        partition,
+        "-N1",
+        "-o",
+        "/dev/null",
+        "--wrap",
+        f"sleep {seconds}",
+    )
+    return int(out.strip().split(";")[0])
+
+
+async def job_state(install: Install, job_id: int) -> str:
+    return install.job_fields(job_id).get("JobState", "")
+
+
+async def running(install: Install, job_id: int, timeout: float = 90) -> dict[str, str]:
+    async def check() -> dict[str, str] | None:
+        fields = install.job_fields(job_id)
+        return fields if fields.get("JobState") == "RUNNING" else None
+
+    return await wait_for(check, timeout=timeout, interval=0.5, what=f"job {job_id} RUNNING")
+
+
+async def completed(install: Install, job_id: int, timeout: float = 120) -> dict[str, str]:
+    """The job ended COMPLETED and was never requeued."""
+
+    async def ended() -> dict[str, str] | None:
+        fields = install.job_fields(job_id)
+        state = fields.get("JobState", "")
+        return fields if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING") else None
+
+    fields = await wait_for(ended, timeout=timeout, interval=0.5, what=f"job {job_id} ended")
+    assert fields["JobState"] == "COMPLETED", f"job {job_id}: {fields}"
+    assert fields.get("Restarts") == "0", f"job {job_id} was requeued: {fields}"
+    return fields
+
+
+async def idle_nodes(install: Install, partition: str, count: int, timeout: float = 180) -> None:
+    async def idle() -> bool:
+        out = install.ctld("sinfo", "-h", "-p", partition, "-N", "-o", "%N %t")
+        states = [line.split()[1] for line in out.splitlines() if line.strip()]
+        return len(states) == count and all(s == "idle" for s in states)
+
+    await wait_for(
+        idle,
+        timeout=timeout,
+        interval=1,
+        what=f"{count} idle node(s) in {partition}",
+        ignore=(AssertionError,),
+    )
+
+
+async def nothing_left(install: Install, namespace: str, release: str) -> None:
+    """Pods and claims go by garbage collection after `helm uninstall --wait` returns."""
+
+    async def empty() -> bool:
+        return not await install.leftovers(namespace, release)
+
+    try:
+        await wait_for(empty, timeout=90, interval=1, what=f"{release} gone from {namespace}")
+    except AssertionError:
+        raise AssertionError(
+            f"left behind: {await install.leftovers(namespace, release)}"
+        ) from None
+
+
+@pytest.fixture
+async def install(
+    kube: rest.Kube, testbed: Testbed, operator: OperatorProcess, namespace: str, tmp_path: Path
+) -> AsyncIterator[Install]:
+    """Namespaces, the hostPath PV for slurmctld's state and the bridge node's label; the
+    session operator stopped meanwhile. Everything is removed afterwards, whatever happened."""
+    if not HELM.exists():
+        pytest.fail(f"{HELM} is missing: `make testbed-build` builds it")
+    digest = uuid.uuid4().hex[:5]
+    bridge_node = testbed.load().real_nodes[-1]
+    inst = Install(
+        testbed,
+        kube,
+        tmp_path,
+        digest,
+        namespace,
+        f"{namespace}-op",
+        f"{namespace}-jobs",
+        bridge_node,
+    )
+    for ns in (inst.operator_ns, inst.jobs_ns):
+        await kube.create(rest.NAMESPACES, {"metadata": {"name": ns}})
+    state_dir = tmp_path / "statesave"
+    await kube.create(
+        PVS,
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": inst.storage_class},
+            "spec": {
+                "storageClassName": inst.storage_class,
+                "capacity": {"storage": "1Gi"},
+                "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "hostPath": {"path": str(state_dir), "type": "DirectoryOrCreate"},
+            },
+        },
+    )
+    await kube.patch(
+        rest.NODES,
+        bridge_node,
+        {"metadata": {"labels": {SLURM_NODENAME: inst.nodeset("bridge") + "-0"}}},
+    )
+    operator.kill()
+    try:
+        yield inst
+    finally:
+        for release, ns in (
+            (inst.bridge_release, inst.slurm_ns),
+            (inst.slurm_release, inst.slurm_ns),
+            (inst.operator_release, inst.operator_ns),
+            (inst.crds_release, inst.operator_ns),
+        ):
+            with contextlib.suppress(AssertionError, TimeoutError):
+                await inst.helm("uninstall", release, "-n", ns, "--ignore-not-found", "--wait")
+        await kube.patch(rest.NODES, bridge_node, {"metadata": {"labels": {SLURM_NODENAME: None}}})
+        for ns in (inst.operator_ns, inst.jobs_ns):
+            with contextlib.suppress(rest.ApiError):
+                await kube.delete(rest.NAMESPACES, ns)
+        with contextlib.suppress(rest.ApiError):
+            await kube.delete(PVS, inst.storage_class)
+        await operator.restart()
+        for what, value in inst.timings.items():
+            print(f"helm e2e: {what}: {value:.1f}")
+
+
+async def test_helm_installs_operator_slurm_and_bridge_that_run_jobs_upgrade_and_uninstall(
+    install: Install,
+) -> None:
+    i, kube = install, install.kube
+    t0 = time.monotonic()
+
+    # ------------------------------------------------ install: CRDs, operator, slurm, bridge
+    # The session installed the CRDs with kubectl; the CRD chart adopts them, as it would
+    # on a cluster upgraded from `kubectl apply -f config/crd`.
+    await i.helm(
+        "install",
+        i.crds_release,
+        str(CHARTS / "slurm-operator-crds"),
+        "-n",
+        i.operator_ns,
+        "--take-ownership",
+        "--wait",
+    )
+    operator_values = {
+        "operator": {"image": image("slinky"), "logLevel": "debug"},
+        "metricsApi": {"enabled": False},
+    }
+    start = time.monotonic()
+    await i.helm(
+        "install",
+        i.operator_release,
+        str(CHARTS / "slurm-operator"),
+        "-n",
+        i.operator_ns,
+        "-f",
+        i.values_file("operator", operator_values),
+        "--wait",
+        "--timeout",
+        "4m",
+    )
+    i.timings["install slurm-operator (--wait: Ready)"] = time.monotonic() - start
+
+    start = time.monotonic()
+    slurm_values_path = i.values_file("slurm", i.slurm_values())
+    await i.helm(
+        "install",
+        i.slurm_release,
+        str(CHARTS / "slurm"),
+        "-n",
+        i.slurm_ns,
+        "-f",
+        slurm_values_path,
+        "--wait",
+        "--timeout",
+        "5m",
+    )
+    i.timings["install slurm (--wait: slurmctld, slurmrestd Ready)"] = time.monotonic() - start
+
+    async def cluster_ready() -> bool:
+        got = await kube.get(CLUSTERS, i.slurm_release, i.slurm_ns)
+        return condition(got).get("reason") == "Connected"
+
+    await wait_for(cluster_ready, timeout=120, interval=0.5, what="Cluster Connected")
+    await idle_nodes(i, "batch", 1)
+    job = await submit(i, "batch", 1)
+    first = await completed(i, job)
+    assert first["NodeList"] == f"{i.nodeset('batch')}-0"
+    i.timings["operator + slurm install to first job COMPLETED"] = time.monotonic() - t0
+
+    bridge_values = {
+        "image": image("slinky"),
+        "sharedConfig": {
+            "schedulerName": f"{i.bridge_release}-scheduler",
+            "slurmRestApi": f"http://{i.slurm_release}-restapi.{i.slurm_ns}:6820",
+            "managedNamespaces": [i.jobs_ns],
+            "partition": "slurm-bridge",
+            # Slurm's node here is a slurmd pod, not the bridge's EXTERNAL registration:
+            # tainting the real node would evict the test bed's other pods.
+            "managedNodeTaint": {"enabled": False},
+            "slurmPollInterval": "500ms",
+        },
+        "slurmAuth": {"jwtKeySecretRef": {"name": f"{i.slurm_release}-jwt-key"}},
+    }
+    start = time.monotonic()
+    await i.helm(
+        "install",
+        i.bridge_release,
+        str(CHARTS / "slurm-bridge"),
+        "-n",
+        i.slurm_ns,
+        "-f",
+        i.values_file("bridge", bridge_values),
+        "--wait",
+        "--timeout",
+        "4m",
+    )
+    i.timings["install slurm-bridge (--wait: Ready)"] = time.monotonic() - start
+    i.timings["all three charts installed"] = time.monotonic() - t0
+
+    # ------------------------------------------------ a pod of a managed namespace, via Slurm
+    await idle_nodes(i, "slurm-bridge", 1)
+    await kube.create(
+        rest.PODS,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "hello"},
+            "spec": {
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 5,
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": nodes.image_ref("slurm"),
+                        "imagePullPolicy": "IfNotPresent",
+                        "args": ["sh", "-c", "echo hello from $(hostname)"],
+                        "resources": {"requests": {"cpu": "100m", "memory": "32Mi"}},
+                    }
+                ],
+            },
+        },
+        i.jobs_ns,
+    )
+
+    async def succeeded() -> JSON | None:
+        pod = await kube.get(rest.PODS, "hello", i.jobs_ns)
+        return pod if (pod.get("status") or {}).get("phase") == "Succeeded" else None
+
+    pod = await wait_for(succeeded, timeout=120, interval=0.5, what="bridge pod Succeeded")
+    assert pod["spec"]["schedulerName"] == f"{i.bridge_release}-scheduler"
+    assert pod["spec"]["nodeName"] == i.bridge_node
+    assert pod["metadata"]["annotations"]["slinky.slurm.net/slurm-node"] == (
+        f"{i.nodeset('bridge')}-0"
+    )
+    logs = i.kubectl("-n", i.jobs_ns, "logs", "hello")
+    assert logs.strip() == "hello from hello"
+
+    i.timings["operator pod memory MiB"] = await i.memory_mib(
+        i.operator_ns, f"app.kubernetes.io/instance={i.operator_release}"
+    )
+    for component in ("scheduler", "controllers", "admission"):
+        i.timings[f"bridge {component} pod memory MiB"] = await i.memory_mib(
+            i.slurm_ns,
+            f"app.kubernetes.io/instance={i.bridge_release},app.kubernetes.io/component={component}",
+        )
+
+    # ------------------------------------------------ upgrade: roll slurmd around a running job
+    keys = {
+        name: await i.secret_data(i.slurm_ns, name)
+        for name in (
+            f"{i.slurm_release}-slurm-key",
+            f"{i.slurm_release}-jwt-key",
+            f"{i.bridge_release}-slurm-bridge-webhook-tls",
+        )
+    }
+    old = await i.pods(i.slurm_ns, f"nodeset.slinky.slurm.net/name={i.nodeset('batch')}")
+    ctld_before = (await i.pods(i.slurm_ns, "app.kubernetes.io/component=controller"))[0]
+    job = await submit(i, "batch", 30)
+    await running(i, job)
+    start = time.monotonic()
+    await i.helm(
+        "upgrade",
+        i.slurm_release,
+        str(CHARTS / "slurm"),
+        "-n",
+        i.slurm_ns,
+        "-f",
+        i.values_file("slurm2", i.slurm_values(batch_labels={"rev": "2"})),
+        "--wait",
+        "--timeout",
+        "4m",
+    )
+    i.timings["helm upgrade slurm"] = time.monotonic() - start
+    # The old pod is drained, not killed: it goes only after the job ended.
+    assert await job_state(i, job) == "RUNNING"
+    await completed(i, job)
+
+    async def rolled() -> list[JSON] | None:
+        pods = await i.pods(i.slurm_ns, f"nodeset.slinky.slurm.net/name={i.nodeset('batch')}")
+        fresh = [
+            p for p in pods
+            if p["metadata"]["uid"] != old[0]["metadata"]["uid"]
+            and (p["metadata"].get("labels") or {}).get("rev") == "2"
+        ]  # fmt: skip
+        return fresh if len(pods) == 1 and fresh else None
+
+    await wait_for(rolled, timeout=180, interval=1, what="batch slurmd pod rolled")
+    i.timings["upgrade to rolled slurmd pod"] = time.monotonic() - start
+    await idle_nodes(i, "batch", 1)
+    await completed(i, await submit(i, "batch", 1))
+    for name, data in keys.items():
+        assert await i.secret_data(i.slurm_ns, name) == data, f"{name} changed on upgrade"
+    ctld_after = (await i.pods(i.slurm_ns, "app.kubernetes.io/component=controller"))[0]
+    assert ctld_after["metadata"]["uid"] == ctld_before["metadata"]["uid"], "slurmctld restarted"
+    # The bridge still admits pods with the kept certificate after re-rendering it.
+    await i.helm(
+        "upgrade",
+        i.bridge_release,
+        str(CHARTS / "slurm-bridge"),
+        "-n",
+        i.slurm_ns,
+        "--reuse-values",
+        "--set",
+        "logLevel=info",
+        "--wait",
+    )
+    assert (
+        await i.secret_data(i.slurm_ns, f"{i.bridge_release}-slurm-bridge-webhook-tls")
+        == (keys[f"{i.bridge_release}-slurm-bridge-webhook-tls"])
+    )
+
+    # ------------------------------------------------ uninstall: drain first, nothing left
+    await i.helm("uninstall", i.bridge_release, "-n", i.slurm_ns, "--wait")
+    job = await submit(i, "batch", 30)
+    await running(i, job)
+    start = time.monotonic()
+    uninstall = asyncio.create_task(
+        i.helm("uninstall", i.slurm_release, "-n", i.slurm_ns, "--wait", "--timeout", "5m")
+    )
+
+    # While the job runs, its NodeSet waits (deleting) and slurmctld is still there.
+    async def draining() -> bool:
+        got = await kube.get(NODESETS, i.nodeset("batch"), i.slurm_ns)
+        return bool(got["metadata"].get("deletionTimestamp"))
+
+    await wait_for(draining, timeout=60, interval=0.5, what="NodeSet being deleted")
+    assert await job_state(i, job) == "RUNNING"
+    await completed(i, job)
+    await uninstall
+    i.timings["helm uninstall slurm (a 30 s job running)"] = time.monotonic() - start
+    await nothing_left(i, i.slurm_ns, i.slurm_release)
+    await nothing_left(i, i.slurm_ns, i.bridge_release)
+    released = await i.kube.get(PVS, i.storage_class)
+    assert released["status"]["phase"] == "Released"  # the claim went with the StatefulSet
+
+    await i.helm("uninstall", i.operator_release, "-n", i.operator_ns, "--wait")
+    await nothing_left(i, i.operator_ns, i.operator_release)
+    roles = (await kube.list(CLUSTER_ROLES))["items"]
+    mine = (i.operator_release, i.bridge_release)
+    assert not [r["metadata"]["name"] for r in roles if r["metadata"]["name"].startswith(mine)]

@@ -1,0 +1,666 @@
+"""The Helm charts in helm/, rendered with the cached helm binary (`make test` builds it): lint,
+values schema, the branches worth checking (hybrid mode, cert-manager, autoscaling, one NodeSet
+per entry) and drift against what the code and config/ say (CRDs, RBAC, flags, webhooks)."""
+
+from __future__ import annotations
+
+import base64
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from slinky.bridge import main as bridge_main
+from slinky.bridge.admission import manifests
+from slinky.bridge.config import parse_config
+from slinky.operator import main as operator_main
+from slinky.operator.autoscale.metrics import NODESET_METRICS, PARTITION_METRICS
+from slinky_testbed import paths
+
+JSON = dict[str, Any]
+REPO = Path(__file__).resolve().parents[2]
+CHARTS = REPO / "helm"
+HELM = paths.bin_dir() / "helm"
+CHART_NAMES = ["slurm-operator-crds", "slurm-operator", "slurm", "slurm-bridge"]
+
+pytestmark = pytest.mark.skipif(
+    not HELM.exists(), reason=f"{HELM} not built (`make testbed-build` builds it)"
+)
+
+
+class StrictLoader(yaml.SafeLoader):
+    """Refuses a mapping with a key twice, which PyYAML would silently collapse and the
+    apiserver's decoder rejects (`mapping key ... already defined`)."""
+
+
+def _no_duplicates(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise AssertionError(f"key {key!r} twice at {key_node.start_mark}")
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _no_duplicates)
+
+
+def load_all(text: str) -> list[JSON]:
+    return [d for d in yaml.load_all(text, Loader=StrictLoader) if d]
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    out = subprocess.run(
+        [str(HELM), *args], capture_output=True, text=True, timeout=60, check=False
+    )
+    if check and out.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{out.stderr}")
+    return out
+
+
+def render(chart: str, *sets: str, namespace: str = "slurm", release: str = "slurm") -> list[JSON]:
+    """The chart's objects for these `--set` values (release `slurm` unless given)."""
+    args = ["template", release, str(CHARTS / chart), "--namespace", namespace]
+    for s in sets:
+        args += ["--set", s]
+    return load_all(helm(*args).stdout)
+
+
+def render_values(chart: str, values: JSON, tmp_path: Path, release: str = "slurm") -> list[JSON]:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    out = helm("template", release, str(CHARTS / chart), "-n", "slurm", "-f", str(path))
+    return load_all(out.stdout)
+
+
+def kinds(objs: list[JSON], kind: str) -> list[JSON]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def one(objs: list[JSON], kind: str, name: str | None = None) -> JSON:
+    found = [o for o in kinds(objs, kind) if name is None or o["metadata"]["name"] == name]
+    assert len(found) == 1, f"{len(found)} {kind} {name or ''} in {[o['kind'] for o in objs]}"
+    return found[0]
+
+
+def args_of(deployment: JSON) -> list[str]:
+    return [str(a) for a in deployment["spec"]["template"]["spec"]["containers"][0]["args"]]
+
+
+# ---------------------------------------------------------------- chart quality
+
+
+@pytest.mark.parametrize("chart", CHART_NAMES)
+def test_chart_lints_clean_in_strict_mode(chart: str) -> None:
+    out = helm("lint", "--strict", str(CHARTS / chart), check=False)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "[WARNING]" not in out.stdout and "[ERROR]" not in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize(
+    ("chart", "typo", "where"),
+    [
+        ("slurm-operator", "operator.replicaz=2", "'/operator': additional properties 'replicaz'"),
+        ("slurm-operator-crds", "kepp=false", "'': additional properties 'kepp'"),
+        (
+            "slurm",
+            "controller.persistance.enabled=false",
+            "'/controller': additional properties 'persistance'",
+        ),
+        (
+            "slurm-bridge",
+            "sharedConfig.managedNamespace={a}",
+            "'/sharedConfig': additional properties 'managedNamespace'",
+        ),
+    ],
+)
+def test_a_typo_in_values_is_rejected_naming_the_key(chart: str, typo: str, where: str) -> None:
+    out = helm("template", "x", str(CHARTS / chart), "--set", typo, check=False)
+    assert out.returncode != 0
+    assert where in out.stderr, out.stderr
+
+
+def test_a_typo_inside_a_nodeset_entry_is_rejected_naming_the_entry(tmp_path: Path) -> None:
+    path = tmp_path / "values.yaml"
+    path.write_text("compute:\n  nodesets:\n    - name: a\n      replicaz: 2\n")
+    out = helm("template", "x", str(CHARTS / "slurm"), "-f", str(path), check=False)
+    assert out.returncode != 0
+    assert "'/compute/nodesets/0': additional properties 'replicaz' not allowed" in out.stderr
+
+
+def _key_lines(text: str) -> list[tuple[int, int, str, str]]:
+    """(line number, indent, key, previous line) of every mapping key in a values file."""
+    out = []
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(r"^(\s*)(?:- )?([A-Za-z][\w.-]*):(\s|$)", line)
+        if m and not line.lstrip().startswith("#"):
+            out.append((i, len(m.group(1)), m.group(2), lines[i - 1] if i else ""))
+    return out
+
+
+# Maps whose content is Kubernetes' or Slurm's own vocabulary, explained by the parent's comment.
+FREE_FORM = {
+    "resources", "requests", "limits", "podSecurityContext", "securityContext", "capabilities",
+    "seccompProfile", "config", "behavior", "scaleDown", "scaleUp",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("chart", CHART_NAMES)
+def test_every_values_key_is_documented_by_a_comment(chart: str) -> None:
+    """Each key has a comment above it, or directly follows a documented sibling (one comment
+    for a group such as nodeSelector/tolerations/affinity), or lives inside a free-form map
+    (resources, security contexts, Slurm options) that its parent's comment explains."""
+    text = (CHARTS / chart / "values.yaml").read_text()
+    documented: dict[int, bool] = {}
+    undocumented = []
+    parents: list[tuple[int, str]] = []
+    for _, indent, key, prev in _key_lines(text):
+        while parents and parents[-1][0] >= indent:
+            parents.pop()
+        prev_s = prev.strip()
+        ok = (
+            prev_s.startswith(("#", "- #"))
+            or (documented.get(indent, False) and bool(prev_s) and not prev_s.startswith("-"))
+            or any(p in FREE_FORM for _, p in parents)
+        )
+        if not ok:
+            undocumented.append(".".join([*(p for _, p in parents), key]))
+        documented = {d: v for d, v in documented.items() if d < indent}
+        documented[indent] = ok
+        parents.append((indent, key))
+    assert not undocumented, f"undocumented keys in {chart}/values.yaml: {undocumented}"
+
+
+def test_no_chart_uses_the_crds_folder() -> None:
+    """Helm installs crds/ once and never upgrades it (upstream's broken installs)."""
+    assert not list(CHARTS.glob("*/crds"))
+
+
+# ---------------------------------------------------------------- drift against the code
+
+
+def test_crd_chart_holds_config_crd_byte_for_byte() -> None:
+    ours = {p.name: p.read_bytes() for p in (CHARTS / "slurm-operator-crds/files").glob("*")}
+    generated = {p.name: p.read_bytes() for p in (REPO / "config/crd").glob("*.yaml")}
+    assert ours.keys() == generated.keys()
+    stale = [name for name in ours if ours[name] != generated[name]]
+    assert not stale, f"copy config/crd/{stale[0]} to helm/slurm-operator-crds/files/"
+
+
+def test_crd_chart_renders_every_crd_unchanged_and_kept_on_uninstall() -> None:
+    objs = render("slurm-operator-crds")
+    by_name = {o["metadata"]["name"]: o for o in objs}
+    for path in (REPO / "config/crd").glob("*.yaml"):
+        want = yaml.safe_load(path.read_text())
+        got = by_name[want["metadata"]["name"]]
+        assert got["spec"] == want["spec"]
+        assert got["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert len(objs) == 2
+    dropped = render("slurm-operator-crds", "keep=false")
+    assert all("annotations" not in o["metadata"] for o in dropped)
+
+
+def _rules(path: Path, kind: str) -> list[JSON]:
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d and d["kind"] == kind]
+    return [rule for d in docs for rule in d["rules"]]
+
+
+def test_operator_chart_grants_exactly_config_rbac() -> None:
+    objs = render("slurm-operator", namespace="slinky-system", release="slurm-operator")
+    role = one(objs, "ClusterRole", "slurm-operator")
+    assert role["rules"] == _rules(REPO / "config/rbac/role.yaml", "ClusterRole")
+    secrets = one(objs, "ClusterRole", "slurm-operator-secrets")
+    assert secrets["rules"] == _rules(REPO / "config/rbac/secrets_role.yaml", "ClusterRole")
+    lease = one(objs, "Role", "slurm-operator-leader-election")
+    assert lease["rules"] == _rules(REPO / "config/rbac/leader_election_role.yaml", "Role")
+
+
+def test_bridge_chart_grants_exactly_config_rbac() -> None:
+    objs = render("slurm-bridge", namespace="slinky-system", release="slurm-bridge")
+    role = one(objs, "ClusterRole", "slurm-bridge")
+    assert role["rules"] == _rules(REPO / "config/rbac/bridge_role.yaml", "ClusterRole")
+    lease = one(objs, "Role", "slurm-bridge-leader-election")
+    assert lease["rules"] == _rules(REPO / "config/rbac/bridge_leader_election_role.yaml", "Role")
+
+
+def test_operator_deployment_passes_only_flags_the_operator_knows() -> None:
+    objs = render(
+        "slurm-operator",
+        "operator.watchNamespaces={a,b}",
+        "operator.slurmWatchJobs=true",
+        namespace="slinky-system",
+    )
+    deployment = one(objs, "Deployment")
+    argv = args_of(deployment)
+    assert argv[0] == "slurm-operator"
+    parsed = operator_main.parse_args(argv[1:])
+    assert parsed.leader_elect is True
+    assert parsed.namespace == ["a", "b"]
+    assert parsed.slurm_watch_jobs is True
+    assert parsed.metrics_api_bind_address == ":8443"
+    # Graceful shutdown fits in the pod's grace period (the Lease is released in time).
+    grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert float(parsed.graceful_shutdown_timeout) < grace
+
+
+def test_bridge_deployments_pass_only_flags_and_config_keys_the_bridge_knows() -> None:
+    objs = render(
+        "slurm-bridge",
+        "sharedConfig.managedNamespaces={jobs}",
+        "sharedConfig.managedNodeTaint.effect=NoSchedule",
+        namespace="slinky-system",
+        release="slurm-bridge",
+    )
+    components = {}
+    for deployment in kinds(objs, "Deployment"):
+        argv = args_of(deployment)
+        assert argv[0] == "slurm-bridge"
+        components[deployment["metadata"]["name"]] = bridge_main.parse_args(argv[1:]).components
+    assert components == {
+        "slurm-bridge-scheduler": ["scheduler"],
+        "slurm-bridge-controllers": ["nodes", "workload"],
+        "slurm-bridge-admission": ["admission"],
+    }
+    config = yaml.safe_load(one(objs, "ConfigMap")["data"]["config.yaml"])
+    auth = config.pop("slurmAuth")
+    assert auth["jwtKeyFile"] == "/var/run/secrets/slurm/jwt_hs256.key"
+    parsed = parse_config(config)  # every key known, every value valid
+    assert parsed.managed_namespaces == ("jobs",)
+    assert parsed.managed_node_taint.effect == "NoSchedule"
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        ["sharedConfig.managedNamespaces={jobs,more-jobs}"],
+        [
+            "sharedConfig.managedNamespaceSelector.matchLabels.slurm=yes",
+            "sharedConfig.schedulerName=other-scheduler",
+        ],
+    ],
+)
+def test_bridge_webhook_registrations_are_what_the_bridge_code_renders(sets: list[str]) -> None:
+    objs = render("slurm-bridge", *sets, namespace="slinky-system")
+    config = parse_config(
+        {
+            k: v
+            for k, v in yaml.safe_load(one(objs, "ConfigMap")["data"]["config.yaml"]).items()
+            if k != "slurmAuth"
+        }
+    )
+    ca = base64.b64decode(one(objs, "Secret")["data"]["ca.crt"])
+    want = manifests.webhook_configurations(
+        config,
+        own_namespace="slinky-system",
+        name="slurm-slurm-bridge",
+        service=("slurm-slurm-bridge-webhook", "slinky-system", 443),
+        ca_bundle=ca,
+    )
+    for expected in want:
+        got = one(objs, expected["kind"])
+        assert got["webhooks"] == expected["webhooks"]
+
+
+# ---------------------------------------------------------------- certificates
+
+
+def _openssl(*args: str, stdin: bytes | None = None) -> str:
+    out = subprocess.run(["openssl", *args], input=stdin, capture_output=True, check=True)
+    return out.stdout.decode()
+
+
+@pytest.mark.parametrize(
+    ("chart", "secret", "service"),
+    [
+        ("slurm-operator", "so-slurm-operator-metrics-api-tls", "so-slurm-operator-metrics-api"),
+        ("slurm-bridge", "so-slurm-bridge-webhook-tls", "so-slurm-bridge-webhook"),
+    ],
+)
+def test_without_cert_manager_the_chart_makes_a_serving_certificate_its_ca_bundle_trusts(
+    chart: str, secret: str, service: str, tmp_path: Path
+) -> None:
+    objs = render(chart, namespace="ops", release="so")
+    data = one(objs, "Secret", secret)["data"]
+    for name in ("ca.crt", "tls.crt", "tls.key"):
+        (tmp_path / name).write_bytes(base64.b64decode(data[name]))
+    _openssl("verify", "-CAfile", str(tmp_path / "ca.crt"), str(tmp_path / "tls.crt"))
+    sans = _openssl("x509", "-noout", "-ext", "subjectAltName", "-in", str(tmp_path / "tls.crt"))
+    assert f"DNS:{service}.ops.svc" in sans
+    bundles = [o.get("spec", {}).get("caBundle") for o in kinds(objs, "APIService")] + [
+        w["clientConfig"]["caBundle"]
+        for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+        for o in kinds(objs, kind)
+        for w in o["webhooks"]
+    ]
+    assert bundles and set(bundles) == {data["ca.crt"]}
+    assert not kinds(objs, "Certificate")
+
+
+@pytest.mark.parametrize(
+    ("chart", "key", "name"),
+    [
+        ("slurm-operator", "metricsApi", "so-slurm-operator-metrics-api"),
+        ("slurm-bridge", "admission", "so-slurm-bridge-webhook"),
+    ],
+)
+def test_with_cert_manager_a_certificate_is_requested_and_the_ca_injected(
+    chart: str, key: str, name: str
+) -> None:
+    objs = render(chart, f"{key}.certManager.enabled=true", namespace="ops", release="so")
+    cert = one(objs, "Certificate", name)
+    assert cert["spec"]["secretName"] == f"{name}-tls"
+    assert f"{name}.ops.svc" in cert["spec"]["dnsNames"]
+    assert not [o for o in kinds(objs, "Secret") if o["metadata"]["name"] == f"{name}-tls"]
+    registrations = [
+        o
+        for o in objs
+        if o["kind"]
+        in ("APIService", "MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+    ]
+    assert registrations
+    for o in registrations:
+        assert o["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"ops/{name}"
+        assert "caBundle" not in str(o)
+    # A self-signed CA of its own unless an issuer is named.
+    assert len(kinds(objs, "Issuer")) == 2
+    named = render(
+        chart,
+        f"{key}.certManager.enabled=true",
+        f"{key}.certManager.issuerRef.name=corp-ca",
+        f"{key}.certManager.issuerRef.kind=ClusterIssuer",
+        namespace="ops",
+        release="so",
+    )
+    assert not kinds(named, "Issuer")
+    assert one(named, "Certificate")["spec"]["issuerRef"] == {
+        "name": "corp-ca",
+        "kind": "ClusterIssuer",
+    }
+
+
+def test_operator_without_metrics_api_serves_none() -> None:
+    objs = render("slurm-operator", "metricsApi.enabled=false", namespace="ops")
+    assert not kinds(objs, "APIService")
+    assert "--metrics-api-bind-address" not in " ".join(args_of(one(objs, "Deployment")))
+
+
+# ---------------------------------------------------------------- the slurm chart
+
+
+def slurm_conf(objs: list[JSON]) -> list[str]:
+    return str(one(objs, "ConfigMap", "slurm-config")["data"]["slurm.conf"]).splitlines()
+
+
+def test_slurm_chart_deploys_slurmctld_slurmrestd_and_a_cluster_pointing_at_them() -> None:
+    objs = render("slurm")
+    ctld = one(objs, "StatefulSet", "slurm-controller")
+    assert ctld["spec"]["template"]["spec"]["containers"][0]["args"][0] == "slurmctld"
+    assert ctld["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"] == {
+        "storage": "4Gi"
+    }
+    restd = one(objs, "Deployment", "slurm-restapi")
+    env = restd["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert {"name": "SLURM_JWT", "value": "daemon"} in env
+    cluster = one(objs, "Cluster", "slurm")["spec"]
+    assert cluster["server"] == "http://slurm-restapi.slurm.svc.cluster.local:6820"
+    assert cluster["jwtKeyRef"] == {"name": "slurm-jwt-key", "key": "jwt_hs256.key"}
+    assert cluster["controller"] == {
+        "host": "slurm-controller.slurm.svc.cluster.local",
+        "port": 6817,
+    }
+    conf = slurm_conf(objs)
+    for line in (
+        "SlurmctldHost=slurm-controller-0(slurm-controller.slurm.svc.cluster.local)",
+        "SlurmctldParameters=enable_configless",
+        "AuthAltTypes=auth/jwt",
+        "AuthAltParameters=jwt_key=/etc/slurm/jwt_hs256.key",
+    ):
+        assert line in conf
+    # The operator may read exactly the JWT key Secret, nothing else.
+    role = one(objs, "Role", "slurm-operator-secrets")
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": ["slurm-jwt-key"],
+            "verbs": ["list", "watch"],
+        }
+    ]
+    binding = one(objs, "RoleBinding", "slurm-operator-secrets")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "slurm-operator", "namespace": "slinky-system"}
+    ]
+
+
+def test_slurm_keys_are_generated_with_the_sizes_slurm_expects() -> None:
+    objs = render("slurm")
+    slurm_key = base64.b64decode(one(objs, "Secret", "slurm-slurm-key")["data"]["slurm.key"])
+    jwt_key = base64.b64decode(one(objs, "Secret", "slurm-jwt-key")["data"]["jwt_hs256.key"])
+    assert (len(slurm_key), len(jwt_key)) == (1024, 32)
+
+
+def test_slurmctld_state_is_an_empty_dir_without_persistence() -> None:
+    objs = render("slurm", "controller.persistence.enabled=false")
+    ctld = one(objs, "StatefulSet", "slurm-controller")
+    assert "volumeClaimTemplates" not in ctld["spec"]
+    volumes = {v["name"]: v for v in ctld["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["statesave"] == {"name": "statesave", "emptyDir": {}}
+
+
+def test_one_nodeset_and_partition_per_compute_entry(tmp_path: Path) -> None:
+    values = {
+        "compute": {
+            "nodesets": [
+                {"name": "cpu", "replicas": 3, "nodeConfig": "CPUs=4 RealMemory=8000"},
+                {"name": "gpu", "replicas": 0, "partition": {"name": "accel"}},
+                {"name": "spare", "partition": {"enabled": False}},
+            ]
+        }
+    }
+    objs = render_values("slurm", values, tmp_path)
+    nodesets = {o["metadata"]["name"]: o["spec"] for o in kinds(objs, "NodeSet")}
+    assert list(nodesets) == ["slurm-compute-cpu", "slurm-compute-gpu", "slurm-compute-spare"]
+    assert [s["replicas"] for s in nodesets.values()] == [3, 0, 1]
+    for name, spec in nodesets.items():
+        assert spec["clusterName"] == "slurm"
+        assert spec["selector"]["matchLabels"] == {"nodeset.slinky.slurm.net/name": name}
+        labels = spec["template"]["metadata"]["labels"]
+        assert labels["nodeset.slinky.slurm.net/name"] == name
+        slurmd = spec["template"]["spec"]["containers"][0]
+        assert slurmd["name"] == "slurmd"
+    cpu = nodesets["slurm-compute-cpu"]["template"]["spec"]["containers"][0]
+    assert cpu["args"] == ["--conf", "CPUs=4 RealMemory=8000"]
+    conf = slurm_conf(objs)
+    assert "NodeSet=slurm-compute-cpu Feature=slurm-compute-cpu" in conf
+    assert "PartitionName=cpu Nodes=slurm-compute-cpu MaxTime=UNLIMITED State=UP" in conf
+    assert "PartitionName=accel Nodes=slurm-compute-gpu MaxTime=UNLIMITED State=UP" in conf
+    assert not [line for line in conf if "slurm-compute-spare" in line]
+    assert "PartitionName=all Nodes=ALL Default=YES MaxTime=UNLIMITED State=UP" in conf
+
+
+def test_two_nodesets_with_one_name_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "values.yaml"
+    path.write_text("compute:\n  nodesets:\n    - name: a\n    - name: a\n")
+    out = helm("template", "x", str(CHARTS / "slurm"), "-f", str(path), check=False)
+    assert out.returncode != 0
+    assert 'compute.nodesets[1].name: "a" is used twice' in out.stderr
+
+
+def test_autoscaling_off_renders_no_hpa_and_keeps_replicas() -> None:
+    objs = render("slurm")
+    assert not kinds(objs, "HorizontalPodAutoscaler")
+    assert one(objs, "NodeSet")["spec"]["replicas"] == 1
+
+
+def test_autoscaling_on_sizes_the_nodeset_by_a_metric_the_operator_serves(tmp_path: Path) -> None:
+    values = {
+        "compute": {
+            "nodesets": [
+                {
+                    "name": "cpu",
+                    "autoscaling": {"enabled": True, "minReplicas": 0, "maxReplicas": 8},
+                }
+            ]
+        }
+    }
+    objs = render_values("slurm", values, tmp_path)
+    nodeset = one(objs, "NodeSet")
+    # The HPA owns replicas: an upgrade must not reset what it chose.
+    assert "replicas" not in nodeset["spec"]
+    hpa = one(objs, "HorizontalPodAutoscaler")["spec"]
+    assert hpa["scaleTargetRef"] == {
+        "apiVersion": "slinky.slurm.net/v1alpha1",
+        "kind": "NodeSet",
+        "name": "slurm-compute-cpu",
+    }
+    assert (hpa["minReplicas"], hpa["maxReplicas"]) == (0, 8)
+    metric = hpa["metrics"][0]["external"]
+    # Upstream's docs once queried a metric name the exporter no longer had.
+    assert metric["metric"]["name"] in (*PARTITION_METRICS, *NODESET_METRICS)
+    assert metric["metric"]["selector"]["matchLabels"] == {"partition": "cpu", "cluster": "slurm"}
+    assert metric["target"] == {"type": "AverageValue", "averageValue": "1"}
+
+
+def test_hybrid_mode_points_the_cluster_at_an_external_slurmctld(tmp_path: Path) -> None:
+    values = {
+        "external": {
+            "enabled": True,
+            "controllerHost": "ctld.example.org",
+            "controllerPort": 7817,
+            "restapiUrl": "http://ctld.example.org:6820",
+        },
+        "slurmKey": {"existingSecret": "site-slurm-key"},
+        "jwtKey": {"existingSecret": "site-jwt-key"},
+    }
+    objs = render_values("slurm", values, tmp_path)
+    assert not kinds(objs, "StatefulSet")
+    assert not kinds(objs, "Deployment")
+    assert not kinds(objs, "ConfigMap")
+    assert not kinds(objs, "Secret")  # the site's keys, not new ones
+    cluster = one(objs, "Cluster")["spec"]
+    assert cluster["server"] == "http://ctld.example.org:6820"
+    assert cluster["controller"] == {"host": "ctld.example.org", "port": 7817}
+    assert cluster["jwtKeyRef"]["name"] == "site-jwt-key"
+    nodeset = one(objs, "NodeSet")["spec"]["template"]["spec"]
+    assert nodeset["volumes"][0]["secret"]["secretName"] == "site-slurm-key"
+
+
+def test_hybrid_mode_without_the_sites_keys_is_refused_naming_them() -> None:
+    out = helm(
+        "template",
+        "x",
+        str(CHARTS / "slurm"),
+        "--set",
+        "external.enabled=true,external.controllerHost=c,external.restapiUrl=http://c:6820",
+        check=False,
+    )
+    assert out.returncode != 0
+    assert "set slurmKey.existingSecret and jwtKey.existingSecret" in out.stderr
+
+
+def test_uninstall_drains_the_nodesets_before_anything_else_goes() -> None:
+    objs = render("slurm")
+    job = one(objs, "Job", "slurm-cleanup")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["SELECTOR"] == "app.kubernetes.io/instance=slurm,app.kubernetes.io/managed-by=Helm"
+    # The script compiles (it runs in the Slinky image's Python).
+    compile(container["args"][2], "cleanup", "exec")
+    assert not kinds(render("slurm", "cleanup.enabled=false"), "Job")
+
+
+def test_login_pods_run_sackd_against_slurmctld_with_only_the_key() -> None:
+    objs = render("slurm", "login.enabled=true", "login.image.repository=site/slurm-login")
+    login = one(objs, "Deployment", "slurm-login")["spec"]["template"]["spec"]
+    container = login["containers"][0]
+    assert container["image"] == "site/slurm-login:26.05"
+    assert container["args"] == [
+        "sackd",
+        "-D",
+        "--conf-server",
+        "slurm-controller.slurm.svc.cluster.local:6817",
+    ]
+    assert [m["mountPath"] for m in container["volumeMounts"]] == ["/etc/slurm/slurm.key"]
+
+
+def test_accounting_runs_slurmdbd_against_the_database_named_and_points_slurmctld_at_it() -> None:
+    objs = render(
+        "slurm",
+        "accounting.enabled=true",
+        "accounting.storage.host=mariadb.db",
+        "accounting.storage.passwordSecretRef.name=db-password",
+    )
+    dbd = one(objs, "Deployment", "slurm-accounting")["spec"]["template"]["spec"]
+    conf_init = next(c for c in dbd["initContainers"] if c["name"] == "slurmdbd-conf")
+    assert "StorageHost=mariadb.db" in conf_init["command"][2]
+    assert conf_init["env"][0]["valueFrom"]["secretKeyRef"] == {
+        "name": "db-password",
+        "key": "password",
+    }
+    conf = slurm_conf(objs)
+    assert "AccountingStorageType=accounting_storage/slurmdbd" in conf
+    assert "AccountingStorageHost=slurm-accounting.slurm.svc.cluster.local" in conf
+
+
+def test_accounting_without_a_password_secret_is_refused_naming_the_key() -> None:
+    out = helm(
+        "template", "x", str(CHARTS / "slurm"), "--set", "accounting.enabled=true", check=False
+    )
+    assert out.returncode != 0
+    assert "accounting.storage.passwordSecretRef.name is required" in out.stderr
+
+
+def _schema_problems(value: Any, schema: JSON, path: str) -> list[str]:
+    """Where `value` leaves the CRD's structural schema: fields the apiserver would prune
+    (silently dropped settings), missing required fields, wrong basic types."""
+    kind = schema.get("type")
+    types = {"object": dict, "array": list, "string": str, "boolean": bool}
+    if kind in types and not isinstance(value, types[kind]):
+        return [f"{path}: expected {kind}, got {type(value).__name__}"]
+    if kind == "integer" and (isinstance(value, bool) or not isinstance(value, int)):
+        return [f"{path}: expected integer, got {value!r}"]
+    problems = []
+    if isinstance(value, dict):
+        props = schema.get("properties")
+        problems += [f"{path}.{k}: required" for k in schema.get("required", []) if k not in value]
+        for k, v in value.items():
+            if props is not None and k in props:
+                problems += _schema_problems(v, props[k], f"{path}.{k}")
+            elif isinstance(schema.get("additionalProperties"), dict):
+                problems += _schema_problems(v, schema["additionalProperties"], f"{path}.{k}")
+            elif props is not None and not schema.get("x-kubernetes-preserve-unknown-fields"):
+                problems.append(f"{path}.{k}: not in the CRD schema (pruned)")
+    if isinstance(value, list) and "items" in schema:
+        for n, item in enumerate(value):
+            problems += _schema_problems(item, schema["items"], f"{path}[{n}]")
+    return problems
+
+
+def test_clusters_and_nodesets_the_chart_renders_fit_the_crds(tmp_path: Path) -> None:
+    schemas = {}
+    for path in (REPO / "config/crd").glob("*.yaml"):
+        crd = yaml.safe_load(path.read_text())
+        version = crd["spec"]["versions"][0]
+        schemas[crd["spec"]["names"]["kind"]] = version["schema"]["openAPIV3Schema"]
+    values = {
+        "compute": {
+            "nodesetDefaults": {"nodeConfig": "CPUs=2", "extraVolumes": [{"name": "x"}]},
+            "nodesets": [
+                {"name": "a", "volumeClaimTemplates": [{"metadata": {"name": "scratch"}}]},
+                {"name": "b", "autoscaling": {"enabled": True}, "tolerations": [{"key": "k"}]},
+            ],
+        }
+    }
+    objs = render_values("slurm", values, tmp_path)
+    checked = [o for o in objs if o["kind"] in schemas]
+    assert len(checked) == 3
+    for obj in checked:
+        assert (
+            _schema_problems(obj["spec"], schemas[obj["kind"]]["properties"]["spec"], "spec") == []
+        )
