@@ -21,6 +21,8 @@ is made again.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
 import logging
 import time
@@ -299,8 +301,19 @@ class SchedulerSync:
         if age is not None:
             SUBMIT_LATENCY.observe(age)
         log.info("pod %s: submitted placeholder job %d (%s)", key, job_id, desc["partition"])
-        await podcontrol.mark_submitted(self.kube, pod, job_id)
+        # The label must be on the pod before it is bound (a restart finds the job by it);
+        # the job's first read need not wait for it: one round trip instead of two.
+        self.watch.track(job_id)
+        await asyncio.gather(
+            podcontrol.mark_submitted(self.kube, pod, job_id), self.first_read(job_id)
+        )
         return await self.place(pod, job_id)
+
+    async def first_read(self, job_id: int) -> None:
+        """Read a job just submitted (place() then uses the read); a failed read is left to
+        place(), which reads it again."""
+        with contextlib.suppress(errors.SlurmError):
+            await self.watch.read(job_id)
 
     async def rejected(self, pod: JSON, e: errors.SlurmError) -> Result:
         """Slurm refused the job: say so on the pod and try again later (the partition may
