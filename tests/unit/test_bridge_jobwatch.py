@@ -77,3 +77,23 @@ async def test_an_unchanged_running_job_waits_for_the_backstop_interval() -> Non
         assert len(slurm.reads) == 1
     finally:
         await watch.stop()
+
+
+async def test_a_node_list_change_without_a_node_event_reads_the_pending_jobs_again() -> None:
+    slurm = FakeSlurm()
+    slurm.set(1, "PENDING")
+    slurm.set(2, "RUNNING", "n1")
+    changed: list[int] = []
+    watch = JobWatch(slurm, on_change=changed.append, max_interval=60.0)  # type: ignore[arg-type]
+    watch.start()
+    try:
+        watch.track(1)
+        watch.track(2)
+        await until(lambda: sorted(changed) == [1, 2])
+        reads = len(slurm.reads)
+        slurm.set(1, "RUNNING", "n2")  # handed a node between two polls
+        watch.pending_due()
+        await until(lambda: changed.count(1) == 2)
+        assert slurm.reads[reads:] == [1]  # the running job is not read again
+    finally:
+        await watch.stop()

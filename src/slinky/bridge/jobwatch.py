@@ -85,6 +85,15 @@ class JobWatch(BackgroundLoop):
                 self._interval[job_id] = FIRST_READ_S
                 self._schedule(job_id, 0.0)
 
+    def pending_due(self) -> None:
+        """Slurm nodes changed in a way the node events may not show: read every pending
+        job now."""
+        for job_id in list(self._next):
+            job = self.jobs.get(job_id)
+            if job is None or job.is_pending:
+                self._interval[job_id] = FIRST_READ_S
+                self._schedule(job_id, 0.0)
+
     def _schedule(self, job_id: int, delay: float) -> None:
         """Read `job_id` in `delay` seconds, unless a read is due earlier already."""
         at = time.monotonic() + delay

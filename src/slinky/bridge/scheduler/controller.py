@@ -5,7 +5,9 @@
 - Its placeholder jobs (the job watch): a job whose state or nodes changed brings back the
   pod waiting on it.
 - Slurm nodes (the Slurm informer's deltas): a changed node makes the pending jobs and the
-  jobs on it due for a read at once, which is how an allocation is noticed within a poll.
+  jobs on it due for a read at once, which is how an allocation is noticed within a poll;
+  so does a node list that changed without a node event (a node handed from a cancelled job
+  to a waiting one between two polls looks the same before and after).
 - Kubernetes Nodes, for the Slurm node -> Kubernetes node mapping (index on the Slurm name)
   and the pods' constraints; a Node or Slurm node that changes brings back the pods that no
   managed node could take, and a Node added, relabelled or retainted (or a Slurm node added
@@ -91,4 +93,7 @@ def build(
                     ctrl.enqueue(key)
 
     slurm.informer.subscribe(on_slurm)
+    # A node handed from a cancelled job to a waiting one between two polls shows no node
+    # event; slurmctld's update_time still says a node changed.
+    slurm.informer.on_node_list(watch.pending_due)
     return ctrl, sync, watch
