@@ -449,7 +449,7 @@ async def test_pods_created_at_once_each_get_an_exclusive_node_or_wait(
     env, ns = bridge, bridge.managed_namespace
     burst = f"burst-{uuid.uuid4().hex[:6]}"
     names = [f"{burst}-{i}" for i in range(BURST)]
-    nudged = env.bridge.metric_sum("slurm_bridge_scheduling_nudges_total")
+    nudged = metric(env, "slurm_bridge_scheduling_nudges_total")
 
     async def create(name: str) -> None:
         pod = workload_pod(name, ["sh", "-c", "exit 0"])
@@ -500,7 +500,7 @@ async def test_pods_created_at_once_each_get_an_exclusive_node_or_wait(
                        if j.nodes == node)  # fmt: skip
         for (_, end, a), (start, _, b) in itertools.pairwise(spans):
             assert start >= end, f"jobs {a} and {b} shared node {node}"
-    assert env.bridge.metric_sum("slurm_bridge_scheduling_nudges_total") > nudged
+    assert metric(env, "slurm_bridge_scheduling_nudges_total") > nudged
     await env.kube.request(
         "DELETE", rest.PODS.path(ns), params={"labelSelector": f"e2e-burst={burst}"}
     )
