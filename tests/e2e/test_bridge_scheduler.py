@@ -383,8 +383,8 @@ async def test_a_managed_node_added_while_a_job_waits_is_excluded_from_it(
     assert done["spec"]["nodeName"] == managed_node
     if REPLACED_JOB not in (done["metadata"].get("annotations") or {}):
         assert job_id(done) == job.job_id  # the same job all along
+    await env.kube.delete(rest.PODS, waiter, ns)
     for name in (holder, waiter):
-        await env.kube.delete(rest.PODS, name, ns)
         await pod_gone(env, name, ns)
 
 
