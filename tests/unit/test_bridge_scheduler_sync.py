@@ -13,6 +13,7 @@ from slinky.bridge.config import parse_config
 from slinky.bridge.jobwatch import JobWatch
 from slinky.bridge.labels import FINALIZER, REPLACED_JOB, SLURM_JOBID, SLURM_NODE
 from slinky.bridge.nodes.controller import BY_SLURM_NAME, index_slurm_name
+from slinky.bridge.scheduler import exclusion
 from slinky.bridge.scheduler.sync import SchedulerSync
 from slinky.kube import rest
 from slinky.kube.store import Store
@@ -367,3 +368,16 @@ async def test_a_replacement_submitted_before_a_crash_is_found_not_made_again() 
 
 async def _unavailable(*_a: Any, **_k: Any) -> None:
     raise rest.ApiError(503, "ServiceUnavailable", "apiserver restarting")
+
+
+def test_only_a_node_added_relabelled_or_retainted_brings_back_the_waiting_pods() -> None:
+    node: JSON = {"metadata": {"name": "n", "labels": {"a": "1"}}, "spec": {}}
+    heartbeat = copy.deepcopy(node) | {"status": {"conditions": [{"type": "Ready"}]}}
+    relabelled = copy.deepcopy(node)
+    relabelled["metadata"]["labels"]["a"] = "2"
+    tainted = copy.deepcopy(node)
+    tainted["spec"]["taints"] = [{"key": "k", "effect": "NoSchedule"}]
+    assert exclusion.placement_relevant(None, node)
+    assert not exclusion.placement_relevant(node, heartbeat)
+    assert exclusion.placement_relevant(node, relabelled)
+    assert exclusion.placement_relevant(node, tainted)

@@ -57,7 +57,8 @@ def placement_relevant(old: JSON | None, new: JSON) -> bool:
     """A Node change that may change which pods it takes: added, labels or taints."""
     if old is None:
         return True
-    meta_old, meta_new = old.get("metadata") or {}, new.get("metadata") or {}
-    return meta_old.get("labels") != meta_new.get("labels") or (old.get("spec") or {}).get(
-        "taints"
-    ) != (new.get("spec") or {}).get("taints")
+
+    def seen(node: JSON) -> tuple[Any, Any]:
+        return (node.get("metadata") or {}).get("labels"), (node.get("spec") or {}).get("taints")
+
+    return seen(old) != seen(new)
