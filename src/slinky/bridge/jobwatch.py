@@ -4,8 +4,9 @@ slurmrestd has no watch, and the job list is the one thing never to read on a ho
 holds every job of every user (upstream read it on every scheduling attempt: 1.4 s at ~900
 jobs). So each tracked job is read on its own (`GET /job/<id>`), on a schedule of its own:
 
-- a job just submitted or still pending is read soon and then less often (doubling up to
-  `max_interval`), since Slurm usually allocates within a second;
+- a job just submitted is read every 50 ms for its first 12 reads (at most 32 jobs at
+  once), since Slurm usually allocates it within a few hundred ms; a job still pending is
+  then read less often (doubling up to `max_interval`);
 - a Slurm node event (the Slurm informer's update_time deltas, one small request per poll
   for the whole cluster) makes every pending job and every job on that node due at once: an
   allocation or an ending job changes its node, so it is noticed within one informer poll;
@@ -33,6 +34,13 @@ log = logging.getLogger(__name__)
 
 FIRST_READ_S = 0.05
 CONCURRENT_READS = 8
+# Slurm usually allocates a job a few hundred ms after its submission (its scheduler thread
+# runs after the submit RPC has answered), so a doubling from 50 ms noticed it ~0.75 s after
+# submission. A job just submitted is read every FIRST_READ_S for its first FAST_READS reads
+# instead; at most FAST_JOBS jobs at once, so a burst of thousands of waiting jobs does not
+# turn into thousands of reads per second.
+FAST_READS = 12
+FAST_JOBS = 32
 
 
 def _significant(job: Job | None) -> tuple[tuple[str, ...], str] | None:
@@ -54,6 +62,7 @@ class JobWatch(BackgroundLoop):
         self.jobs: dict[int, Job | None] = {}
         self._next: dict[int, float] = {}  # job id -> when to read it (monotonic)
         self._interval: dict[int, float] = {}
+        self._fast: dict[int, int] = {}  # job id -> fast reads left (see FAST_READS)
         self._wake = asyncio.Event()
         self.reads = 0
 
@@ -62,8 +71,11 @@ class JobWatch(BackgroundLoop):
 
     # ------------------------------------------------------------ what to watch
 
-    def track(self, job_id: int, *, soon: bool = False) -> None:
-        """Watch `job_id` (idempotent); `soon`: read it now and then back off again."""
+    def track(self, job_id: int, *, soon: bool = False, fresh: bool = False) -> None:
+        """Watch `job_id` (idempotent); `soon`: read it now and then back off again;
+        `fresh`: just submitted, read it often at first (see FAST_READS)."""
+        if fresh and job_id not in self._next and len(self._fast) < FAST_JOBS:
+            self._fast[job_id] = FAST_READS
         if job_id not in self._next or soon:
             self._interval[job_id] = FIRST_READ_S
             self._schedule(job_id, FIRST_READ_S)
@@ -71,6 +83,7 @@ class JobWatch(BackgroundLoop):
     def untrack(self, job_id: int) -> None:
         self._next.pop(job_id, None)
         self._interval.pop(job_id, None)
+        self._fast.pop(job_id, None)
         self.jobs.pop(job_id, None)
 
     @property
@@ -131,8 +144,12 @@ class JobWatch(BackgroundLoop):
                 if job_id not in self._next:
                     return
                 interval = min(self._interval.get(job_id, FIRST_READ_S) * 2, self.max_interval)
+                fast = self._fast.pop(job_id, 0)
                 if job is None or not job.is_pending:
                     interval = self.max_interval
+                elif fast > 1:
+                    self._fast[job_id] = fast - 1
+                    interval = FIRST_READ_S
                 self._interval[job_id] = interval
                 self._next[job_id] = time.monotonic() + interval
 

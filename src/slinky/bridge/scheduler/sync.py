@@ -303,7 +303,7 @@ class SchedulerSync:
         log.info("pod %s: submitted placeholder job %d (%s)", key, job_id, desc["partition"])
         # The label must be on the pod before it is bound (a restart finds the job by it);
         # the job's first read need not wait for it: one round trip instead of two.
-        self.watch.track(job_id)
+        self.watch.track(job_id, fresh=True)
         await asyncio.gather(
             podcontrol.mark_submitted(self.kube, pod, job_id), self.first_read(job_id)
         )
