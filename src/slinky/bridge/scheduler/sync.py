@@ -11,7 +11,9 @@
                take is not submitted: PodScheduled=False, `NoManagedNodeFits`, saying why;
 2. `place`   — once Slurm allocated the job, the pod is annotated with the Slurm node and
                bound to the Kubernetes node of that name; while the job pends, the pod says
-               so (PodScheduled=False, `SlurmJobPending`, Slurm's reason).
+               so (PodScheduled=False, `SlurmJobPending`, Slurm's reason), and the job's
+               excluded_nodes follow the managed nodes; an allocated node the pod's
+               constraints reject gets the pod a new job instead (see `exclusion`).
 
 Never a second job for a pod: the job id is remembered from the moment Slurm answers
 (before the label is written), recovered at start from the jobs' admin_comment for pods that
