@@ -5,8 +5,10 @@ sides end together."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
+import re
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -16,13 +18,29 @@ import pytest
 
 from slinky.bridge import placeholder
 from slinky.bridge.config import parse_config
-from slinky.bridge.labels import EXTERNAL_NODE, FINALIZER, SLURM_JOBID, SLURM_NODE, SLURMJOB_PREFIX
+from slinky.bridge.labels import (
+    EXTERNAL_NODE,
+    FINALIZER,
+    REPLACED_JOB,
+    SLURM_JOBID,
+    SLURM_NODE,
+    SLURMJOB_PREFIX,
+)
 from slinky.bridge.nodes.registration import registered_for
 from slinky.kube import conditions, rest
 from slinky.slurm.models import Job
 from slinky_testbed import nodes
 from slinky_testbed.waiting import wait_for
-from tests.e2e.bridge_fixtures import SCHEDULER, BridgeEnv, bridge_config, wait_slurm_node
+from tests.e2e.bridge_fixtures import (
+    BRIDGE_NS,
+    SCHEDULER,
+    BridgeEnv,
+    BridgeProcess,
+    bridge_config,
+    start_bridge,
+    wait_ready,
+    wait_slurm_node,
+)
 
 JSON = dict[str, Any]
 TAINT = f"{SCHEDULER}:NoExecute"
@@ -320,6 +338,56 @@ async def test_a_node_selector_excludes_nodes_in_slurms_view(
     assert (await job_ended(env, job.job_id)).state == ["CANCELLED"]
 
 
+def waits_in_slurm(p: JSON) -> bool:
+    c = conditions.find(p["status"].get("conditions"), "PodScheduled")
+    return c is not None and c["reason"] == "SlurmJobPending"
+
+
+async def test_a_managed_node_added_while_a_job_waits_is_excluded_from_it(
+    bridge: BridgeEnv, managed_node: str
+) -> None:
+    """excluded_nodes is computed at submission; a managed node registered later that the
+    waiting pod's nodeSelector rejects is added to its pending job's excluded_nodes before
+    Slurm could put the job there, and the pod runs where its selector allows."""
+    env, ns = bridge, bridge.managed_namespace
+    holder = f"holder-{uuid.uuid4().hex[:6]}"
+    await env.kube.create(rest.PODS, workload_pod(holder, ["sleep", "600"]), ns)
+    await pod_where(
+        env, holder, ns, lambda p: p["status"].get("phase") == "Running", "Running", timeout=90
+    )
+    waiter = f"waiter-{uuid.uuid4().hex[:6]}"
+    pod = workload_pod(waiter, ["sh", "-c", "exit 0"])
+    pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": managed_node}
+    await env.kube.create(rest.PODS, pod, ns)
+    waiting = await pod_where(env, waiter, ns, waits_in_slurm, "its job pending in Slurm")
+    job = await env.slurm.get_job(job_id(waiting))
+    other = await env.create_node(labels={EXTERNAL_NODE: "true"})  # idle, and no selector match
+    await wait_slurm_node(
+        env, other, lambda n: n is not None and registered_for(n) == other, f"{other} registered"
+    )
+
+    async def excluded() -> bool:
+        live = await env.slurm.get_job(job.job_id)
+        if live.is_pending and other in str(live.raw.get("excluded_nodes")):
+            return True
+        # Or Slurm was faster than the update (a pass within the informer's poll): the
+        # job was replaced, and the pod not bound there.
+        p = await get_pod(env, waiter, ns)
+        return p is not None and REPLACED_JOB in (p["metadata"].get("annotations") or {})
+
+    await wait_for(excluded, timeout=30, interval=0.2, what=f"job {job.job_id} excluding {other}")
+    await env.kube.delete(rest.PODS, holder, ns)
+    done = await pod_where(
+        env, waiter, ns, lambda p: p["status"].get("phase") == "Succeeded", "Succeeded", timeout=90
+    )
+    assert done["spec"]["nodeName"] == managed_node
+    if REPLACED_JOB not in (done["metadata"].get("annotations") or {}):
+        assert job_id(done) == job.job_id  # the same job all along
+    await env.kube.delete(rest.PODS, waiter, ns)
+    for name in (holder, waiter):
+        await pod_gone(env, name, ns)
+
+
 @pytest.fixture
 async def both_nodes(bridge: BridgeEnv, managed_node: str) -> AsyncIterator[list[str]]:
     """Both real nodes of the test bed managed by the bridge: the module's one, and the other
@@ -346,35 +414,74 @@ async def both_nodes(bridge: BridgeEnv, managed_node: str) -> AsyncIterator[list
         await wait_slurm_node(env, other, lambda n: n is None, f"{other} gone from Slurm", 60)
 
 
-# Twice as many pods as nodes: half run, half wait for a node. Not 50: Slurm starts a
-# pending job only at its next scheduling pass after an EXTERNAL job is cancelled (no slurmd
-# epilog triggers one), ~30 s on the test bed, so 50 pods on 2 nodes would take ~12 min.
-BURST = 4
+BURST = 50
+
+
+async def burst_pods(env: BridgeEnv, ns: str, burst: str) -> list[JSON]:
+    return list(
+        (await env.kube.list(rest.PODS, ns, params={"labelSelector": f"e2e-burst={burst}"}))[
+            "items"
+        ]
+    )
+
+
+async def jobs_naming(env: BridgeEnv, uids: set[str]) -> dict[str, list[int]]:
+    """Pod UID -> every Slurm job (live or ended) whose admin_comment names that pod."""
+    jobs, _ = await env.slurm.list_jobs()
+    out: dict[str, list[int]] = {uid: [] for uid in uids}
+    for j in jobs or []:
+        comment = placeholder.read_comment(str(j.raw.get("admin_comment") or ""))
+        for uid in comment.pods.values() if comment else []:
+            if uid in out:
+                out[uid].append(j.job_id)
+    return out
 
 
 async def test_pods_created_at_once_each_get_an_exclusive_node_or_wait(
     bridge: BridgeEnv, both_nodes: list[str]
 ) -> None:
-    """More pods than nodes, all at once: Slurm gives each placeholder job a whole node, the
-    others wait in Slurm's queue, and each pod runs once its job has a node: never two jobs
-    on one node at a time, every pod bound where its job ran, every pod run to the end."""
+    """50 pods at once on 2 nodes: Slurm gives each placeholder job a whole node, the other
+    pods wait Pending with a job in Slurm's queue, and each runs once its job has a node:
+    never two running pods on one node, every pod bound where its job ran, one job per pod,
+    every pod run to the end. (A node freed by a cancelled EXTERNAL job is handed on at
+    once: the bridge nudges Slurm's scheduler, which would otherwise wait for its periodic
+    pass, ~30 s per hand-over.)"""
     env, ns = bridge, bridge.managed_namespace
     burst = f"burst-{uuid.uuid4().hex[:6]}"
     names = [f"{burst}-{i}" for i in range(BURST)]
-    for name in names:
+    nudged = metric(env, "slurm_bridge_scheduling_nudges_total")
+
+    async def create(name: str) -> None:
         pod = workload_pod(name, ["sh", "-c", "exit 0"])
         pod["metadata"]["labels"] = {"e2e-burst": burst}
         await env.kube.create(rest.PODS, pod, ns)
 
-    async def all_done() -> list[JSON] | None:
-        items = (
-            await env.kube.list(rest.PODS, ns, params={"labelSelector": f"e2e-burst={burst}"})
-        )["items"]
-        phases = [p["status"].get("phase") for p in items]
-        assert "Failed" not in phases, [p["metadata"]["name"] for p in items]
-        return items if phases.count("Succeeded") == BURST else None
+    await asyncio.gather(*(create(n) for n in names))
+    most_waiting_with_a_job = 0
 
-    pods = await wait_for(all_done, timeout=60 + 30 * BURST, interval=1, what="every pod Succeeded")
+    async def all_done() -> list[JSON] | None:
+        nonlocal most_waiting_with_a_job
+        pods = await burst_pods(env, ns, burst)
+        phases = [p["status"].get("phase") for p in pods]
+        assert "Failed" not in phases, [p["metadata"]["name"] for p in pods]
+        # A pod holds its node from binding until it ended: never two at once on one node.
+        holding = [
+            p["spec"]["nodeName"]
+            for p in pods
+            if p["spec"].get("nodeName") and p["status"].get("phase") != "Succeeded"
+        ]
+        assert len(holding) == len(set(holding)), f"two pods on one node: {sorted(holding)}"
+        waiting = [p for p in pods if not p["spec"].get("nodeName")]
+        most_waiting_with_a_job = max(
+            most_waiting_with_a_job,
+            sum(1 for p in waiting if SLURM_JOBID in (p["metadata"].get("labels") or {})),
+        )
+        return pods if phases.count("Succeeded") == BURST else None
+
+    pods = await wait_for(all_done, timeout=60 + 15 * BURST, interval=1, what="every pod Succeeded")
+    # The pods that could not run yet waited with their job submitted (a few may have run
+    # before the last one was submitted).
+    assert most_waiting_with_a_job >= BURST - 10, most_waiting_with_a_job
     jobs: dict[int, Job] = {}
     for p in pods:
         jid = job_id(p)
@@ -383,13 +490,17 @@ async def test_pods_created_at_once_each_get_an_exclusive_node_or_wait(
         assert p["spec"]["nodeName"] == jobs[jid].nodes, (p["metadata"]["name"], jobs[jid].nodes)
         assert jobs[jid].state == ["CANCELLED"], jobs[jid].state  # ended with its pod
         assert int(jobs[jid].raw.get("restart_cnt") or 0) == 0
-    assert len(jobs) == BURST  # one job per pod, none made twice
+    assert len(jobs) == BURST
+    # One job per pod in all of Slurm, none made twice.
+    named = await jobs_naming(env, {str(p["metadata"]["uid"]) for p in pods})
+    assert all(len(ids) == 1 for ids in named.values()), named
     assert {j.nodes for j in jobs.values()} == set(both_nodes)  # both nodes were used
     for node in both_nodes:
         spans = sorted((j.start_time or 0, j.end_time or 0, j.job_id) for j in jobs.values()
                        if j.nodes == node)  # fmt: skip
         for (_, end, a), (start, _, b) in itertools.pairwise(spans):
             assert start >= end, f"jobs {a} and {b} shared node {node}"
+    assert metric(env, "slurm_bridge_scheduling_nudges_total") > nudged
     await env.kube.request(
         "DELETE", rest.PODS.path(ns), params={"labelSelector": f"e2e-burst={burst}"}
     )
@@ -460,3 +571,95 @@ async def test_at_start_the_jobs_of_pods_that_are_gone_are_cancelled_and_no_othe
         assert not (await env.slurm.get_job(theirs)).is_finished
     finally:
         await env.slurm.cancel_job(theirs)
+
+
+def identity_of(bridge: BridgeProcess) -> str:
+    """The Lease identity a bridge process announced in its log at start."""
+    found = re.findall(r"starting as (\S+):", bridge.log_path.read_text(errors="replace"))
+    assert found, bridge.log_tail()
+    return found[-1]
+
+
+async def lease_holder(env: BridgeEnv, component: str) -> str:
+    lease = await env.kube.get(rest.LEASES, f"slurm-bridge-e2e-{component}", BRIDGE_NS)
+    return str((lease.get("spec") or {}).get("holderIdentity") or "")
+
+
+REPLICA_BURST = 16
+
+
+async def test_two_scheduler_replicas_never_both_submit_and_a_killed_leader_leaves_no_duplicate(
+    bridge: BridgeEnv, both_nodes: list[str], namespace: str
+) -> None:
+    """Two bridge processes, one Lease per component: only the leader submits. The leader is
+    killed (SIGKILL: no Lease released, no request finished) in the middle of a burst; the
+    other replica takes over once the Lease expires, recovers what was submitted from the
+    pods' labels and the jobs' admin_comment, and every pod ends up with exactly one job
+    and runs; once the pods are gone no job of theirs is left."""
+    env = bridge
+    second = start_bridge(
+        env.work / "kubeconfig",
+        env.work / "config.yaml",
+        env.cert_dir,
+        env.work / "bridge-replica.log",
+    )
+    replicas = [env.bridge, second]
+    killed: BridgeProcess | None = None
+    try:
+        await wait_ready(second)
+        by_identity = {identity_of(b): b for b in replicas}
+        leader = by_identity[await lease_holder(env, "scheduler")]
+        burst = f"replicas-{uuid.uuid4().hex[:6]}"
+        names = [f"{burst}-{i}" for i in range(REPLICA_BURST)]
+
+        async def create(name: str) -> None:
+            pod = workload_pod(name, ["sh", "-c", "exit 0"])
+            pod["metadata"]["labels"] = {"e2e-burst": burst}
+            # An unmanaged namespace (no webhook, which dies with a killed replica): the
+            # pod names the scheduler and tolerates the managed nodes itself.
+            pod["spec"]["schedulerName"] = SCHEDULER
+            pod["spec"]["tolerations"] = [parse_config({}).toleration()]
+            await env.kube.create(rest.PODS, pod, namespace)
+
+        await asyncio.gather(*(create(n) for n in names))
+
+        async def some_submitted() -> bool:
+            pods = await burst_pods(env, namespace, burst)
+            return sum(1 for p in pods if SLURM_JOBID in (p["metadata"].get("labels") or {})) >= 3
+
+        await wait_for(some_submitted, timeout=60, interval=0.05, what="the leader submitting")
+        leader.proc.kill()
+        leader.proc.wait(30)
+        killed = leader
+        survivor = next(b for b in replicas if b is not leader)
+
+        async def taken_over() -> bool:
+            return await lease_holder(env, "scheduler") == identity_of(survivor)
+
+        await wait_for(taken_over, timeout=60, what="the other replica leading the scheduler")
+
+        async def all_done() -> list[JSON] | None:
+            pods = await burst_pods(env, namespace, burst)
+            phases = [p["status"].get("phase") for p in pods]
+            assert "Failed" not in phases, [p["metadata"]["name"] for p in pods]
+            return pods if phases.count("Succeeded") == REPLICA_BURST else None
+
+        pods = await wait_for(
+            all_done, timeout=60 + 15 * REPLICA_BURST, interval=1, what="every pod Succeeded"
+        )
+        named = await jobs_naming(env, {str(p["metadata"]["uid"]) for p in pods})
+        assert all(len(ids) == 1 for ids in named.values()), named
+        for p in pods:
+            assert named[str(p["metadata"]["uid"])] == [job_id(p)]
+        await env.kube.request(
+            "DELETE", rest.PODS.path(namespace), params={"labelSelector": f"e2e-burst={burst}"}
+        )
+        for name in names:
+            await pod_gone(env, name, namespace)
+        for ids in named.values():
+            assert (await job_ended(env, ids[0])).state == ["CANCELLED"]
+    finally:
+        if second is not killed:
+            assert second.stop() == 0, second.log_tail()
+        if env.bridge is killed or env.bridge.proc.poll() is not None:
+            await env.bridge.restart()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from slinky.bridge.jobwatch import JobWatch
+from slinky.bridge.jobwatch import FAST_READS, FIRST_READ_S, JobWatch
 from slinky.slurm import errors
 from slinky.slurm.models import Job
 
@@ -75,5 +75,43 @@ async def test_an_unchanged_running_job_waits_for_the_backstop_interval() -> Non
         watch.node_changed("n1")
         await asyncio.sleep(0.2)
         assert len(slurm.reads) == 1
+    finally:
+        await watch.stop()
+
+
+async def test_a_node_list_change_without_a_node_event_reads_the_pending_jobs_again() -> None:
+    slurm = FakeSlurm()
+    slurm.set(1, "PENDING")
+    slurm.set(2, "RUNNING", "n1")
+    changed: list[int] = []
+    watch = JobWatch(slurm, on_change=changed.append, max_interval=60.0)  # type: ignore[arg-type]
+    watch.start()
+    try:
+        watch.track(1)
+        watch.track(2)
+        await until(lambda: sorted(changed) == [1, 2])
+        reads = len(slurm.reads)
+        slurm.set(1, "RUNNING", "n2")  # handed a node between two polls
+        watch.pending_due()
+        await until(lambda: changed.count(1) == 2)
+        assert slurm.reads[reads:] == [1]  # the running job is not read again
+    finally:
+        await watch.stop()
+
+
+async def test_a_job_just_submitted_is_read_often_before_the_reads_back_off() -> None:
+    slurm = FakeSlurm()
+    slurm.set(1, "PENDING")
+    slurm.set(2, "PENDING")
+    watch = JobWatch(slurm, on_change=lambda _: None, max_interval=60.0)  # type: ignore[arg-type]
+    watch.start()
+    try:
+        watch.track(1, fresh=True)
+        watch.track(2)
+        await until(lambda: slurm.reads.count(1) >= 5 and slurm.reads.count(2) >= 3)
+        assert watch._interval[1] == FIRST_READ_S  # still fast
+        assert watch._interval[2] > FIRST_READ_S  # backing off
+        await until(lambda: slurm.reads.count(1) > FAST_READS)
+        assert watch._interval[1] > FIRST_READ_S  # its fast reads used up: backing off too
     finally:
         await watch.stop()

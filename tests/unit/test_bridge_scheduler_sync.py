@@ -4,14 +4,16 @@ for a pod, never a job no one can find, and a pod bound only where Slurm put its
 from __future__ import annotations
 
 import contextlib
+import copy
 from types import SimpleNamespace
 from typing import Any
 
 from slinky.bridge import placeholder, podcontrol
 from slinky.bridge.config import parse_config
 from slinky.bridge.jobwatch import JobWatch
-from slinky.bridge.labels import FINALIZER, SLURM_JOBID
+from slinky.bridge.labels import FINALIZER, REPLACED_JOB, SLURM_JOBID, SLURM_NODE
 from slinky.bridge.nodes.controller import BY_SLURM_NAME, index_slurm_name
+from slinky.bridge.scheduler import exclusion
 from slinky.bridge.scheduler.sync import SchedulerSync
 from slinky.kube import rest
 from slinky.kube.store import Store
@@ -32,6 +34,7 @@ class FakeSlurm:
         self.lists = 0
         self.down = False
         self.refuse_cancel = False
+        self.updates: list[tuple[int, JSON]] = []
 
     def job(self, job_id: int) -> Job:
         return Job.parse(self.jobs[job_id])
@@ -58,6 +61,10 @@ class FakeSlurm:
         self.cancelled.append(job_id)
         self.jobs[job_id]["job_state"] = ["CANCELLED"]
 
+    async def update_job(self, job_id: int, changes: JSON) -> None:
+        self.updates.append((job_id, changes))
+        self.jobs[job_id].update(changes)
+
     def allocate(self, job_id: int, node: str) -> None:
         self.jobs[job_id].update(job_state=["RUNNING"], nodes=node)
 
@@ -82,12 +89,13 @@ class FakeKube:
         meta = body.get("metadata") or {}
         pod["metadata"].setdefault("labels", {}).update(meta.get("labels") or {})
         pod["metadata"].setdefault("annotations", {}).update(meta.get("annotations") or {})
-        return pod
+        return copy.deepcopy(pod)
 
     async def request(self, _method: str, _path: str, *, body: JSON) -> JSON:
         meta = body["metadata"]
         pod = self._pod(meta["name"], meta["namespace"], meta["uid"])
         pod["spec"]["nodeName"] = body["target"]["name"]
+        pod["metadata"].setdefault("annotations", {}).update(meta.get("annotations") or {})
         self.bound[f"{meta['namespace']}/{meta['name']}"] = body["target"]["name"]
         return {}
 
@@ -139,6 +147,8 @@ async def test_a_pod_is_bound_to_the_node_slurm_allocated_and_only_then() -> Non
     await sync.reconcile("ns/p")
     assert kube.bound == {"ns/p": "n2"}
     assert list(slurm.jobs) == [job_id]
+    # The binding carried the Slurm node annotation: no request of its own.
+    assert pods.get("ns/p")["metadata"]["annotations"][SLURM_NODE] == "n2"  # type: ignore[index]
 
 
 async def test_a_job_recorded_for_an_earlier_pod_of_the_same_name_is_never_bound() -> None:
@@ -278,3 +288,96 @@ async def test_the_finalizer_is_removed_from_the_live_pod_when_the_cache_is_behi
     kube = FinalizerKube(with_finalizers("u2", "other/first", FINALIZER))
     await podcontrol.remove_finalizer(kube, cached)  # type: ignore[arg-type]
     assert kube.live is not None and FINALIZER in kube.live["metadata"]["finalizers"]
+
+
+def add_node(sync: SchedulerSync, name: str, labels: dict[str, str]) -> None:
+    sync.nodes.store.upsert({"metadata": {"name": name, "labels": labels}, "spec": {}})
+    sync.slurm.informer.nodes[name] = Node.parse({"name": name, "partitions": ["bridge"]})
+
+
+def selective_pod() -> JSON:
+    pod = make_pod("p", "u1")
+    pod["spec"]["nodeSelector"] = {"pool": "a"}
+    return pod
+
+
+async def test_a_waiting_job_excludes_a_managed_node_added_after_its_submission() -> None:
+    sync, slurm, _kube, pods = setup()
+    for n in ("n1", "n2"):
+        sync.nodes.store.upsert({"metadata": {"name": n, "labels": {"pool": "a"}}, "spec": {}})
+    pods.upsert(selective_pod())
+    await sync.reconcile("ns/p")
+    (job_id,) = slurm.jobs
+    assert "excluded_nodes" not in slurm.jobs[job_id]
+    add_node(sync, "n3", {"pool": "b"})  # the node controller registered a new node
+    sync.watch.jobs.pop(job_id)
+    await sync.reconcile("ns/p")  # brought back by the node event
+    assert slurm.updates == [(job_id, {"excluded_nodes": ["n3"]})]
+    sync.watch.jobs.pop(job_id)
+    await sync.reconcile("ns/p")
+    assert len(slurm.updates) == 1  # up to date: no second update
+
+
+async def test_a_job_allocated_a_node_the_pod_rejects_is_replaced_never_bound_there() -> None:
+    sync, slurm, kube, pods = setup()
+    for n in ("n1", "n2"):
+        sync.nodes.store.upsert({"metadata": {"name": n, "labels": {"pool": "a"}}, "spec": {}})
+    pods.upsert(selective_pod())
+    await sync.reconcile("ns/p")
+    (first,) = slurm.jobs
+    add_node(sync, "n3", {"pool": "b"})
+    slurm.allocate(first, "n3")  # Slurm was faster than the excluded_nodes update
+    sync.watch.jobs.pop(first)
+    await sync.reconcile("ns/p")
+    assert kube.bound == {}
+    second = max(slurm.jobs)
+    assert second != first and slurm.cancelled == [first]
+    pod = pods.get("ns/p")
+    assert pod is not None
+    assert job_label(pod) == str(second)
+    assert pod["metadata"]["annotations"][REPLACED_JOB] == str(first)
+    assert slurm.jobs[second]["excluded_nodes"] == ["n3"]
+    slurm.allocate(second, "n1")
+    sync.watch.jobs.pop(second, None)
+    await sync.reconcile("ns/p")
+    assert kube.bound == {"ns/p": "n1"}
+    assert len(slurm.jobs) == 2
+
+
+async def test_a_replacement_submitted_before_a_crash_is_found_not_made_again() -> None:
+    sync, slurm, kube, pods = setup()
+    for n in ("n1", "n2"):
+        sync.nodes.store.upsert({"metadata": {"name": n, "labels": {"pool": "a"}}, "spec": {}})
+    pods.upsert(selective_pod())
+    await sync.reconcile("ns/p")
+    (first,) = slurm.jobs
+    add_node(sync, "n3", {"pool": "b"})
+    slurm.allocate(first, "n3")
+    sync.watch.jobs.pop(first)
+    failing = SimpleNamespace(patch=_unavailable, request=kube.request)
+    sync.kube = failing  # type: ignore[assignment]
+    with contextlib.suppress(rest.ApiError):
+        await sync.reconcile("ns/p")  # replacement submitted; the relabelling failed
+    sync.replacements.clear()  # ... and the scheduler restarted
+    sync.kube = kube  # type: ignore[assignment]
+    await sync.reconcile("ns/p")
+    assert len(slurm.jobs) == 2  # the replacement was found by its admin_comment
+    assert job_label(pods.get("ns/p")) == str(max(slurm.jobs))
+    assert slurm.cancelled == [first]
+
+
+async def _unavailable(*_a: Any, **_k: Any) -> None:
+    raise rest.ApiError(503, "ServiceUnavailable", "apiserver restarting")
+
+
+def test_only_a_node_added_relabelled_or_retainted_brings_back_the_waiting_pods() -> None:
+    node: JSON = {"metadata": {"name": "n", "labels": {"a": "1"}}, "spec": {}}
+    heartbeat = copy.deepcopy(node) | {"status": {"conditions": [{"type": "Ready"}]}}
+    relabelled = copy.deepcopy(node)
+    relabelled["metadata"]["labels"]["a"] = "2"
+    tainted = copy.deepcopy(node)
+    tainted["spec"]["taints"] = [{"key": "k", "effect": "NoSchedule"}]
+    assert exclusion.placement_relevant(None, node)
+    assert not exclusion.placement_relevant(node, heartbeat)
+    assert exclusion.placement_relevant(node, relabelled)
+    assert exclusion.placement_relevant(node, tainted)

@@ -1,5 +1,6 @@
 """The bridge's one connection to Slurm: a slurmrestd client with the configured token source,
-and the Slurm informer that every Slurm-facing component of the process shares."""
+and the Slurm informer that every Slurm-facing component of the process shares (counted:
+it polls while any of them runs)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ class SlurmConnection:
 
     client: SlurmClient
     informer: SlurmInformer
+    users: int = 0
 
     @classmethod
     def from_config(cls, config: BridgeConfig, *, needed_by: str) -> SlurmConnection:
@@ -69,6 +71,15 @@ class SlurmConnection:
         )
         return cls(client, informer)
 
+    def open(self) -> None:
+        """A component starts using the connection: the informer polls while any does."""
+        self.users += 1
+        self.informer.start()
+
     async def close(self) -> None:
+        """A component is done with it; the last one stops the informer and the client."""
+        self.users = max(0, self.users - 1)
+        if self.users:
+            return
         await self.informer.stop()
         await self.client.close()

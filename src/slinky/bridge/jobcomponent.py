@@ -8,7 +8,6 @@ import asyncio
 import logging
 
 from slinky.background import Backoff
-from slinky.bridge.connection import SlurmConnection
 from slinky.bridge.jobwatch import JobWatch
 from slinky.bridge.runtime import EVENT_CONTROLLER, Context
 from slinky.kube import events
@@ -30,7 +29,7 @@ class JobComponent:
     watch: JobWatch
 
     def __init__(self, ctx: Context, needed_by: str) -> None:
-        self.slurm = SlurmConnection.from_config(ctx.config, needed_by=needed_by)
+        self.slurm = ctx.slurm(needed_by)
         self.factory = InformerFactory(ctx.kube)
         self.recorder = events.EventRecorder(
             ctx.kube, controller=EVENT_CONTROLLER, instance=ctx.identity
@@ -51,7 +50,7 @@ class JobComponent:
     async def run(self, stop: asyncio.Event) -> None:
         self.leading = True
         self.factory.start()
-        self.slurm.informer.start()
+        self.slurm.open()
         try:
             ready = asyncio.create_task(self._ready())
             stopping = asyncio.create_task(stop.wait())

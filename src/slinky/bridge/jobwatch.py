@@ -4,8 +4,9 @@ slurmrestd has no watch, and the job list is the one thing never to read on a ho
 holds every job of every user (upstream read it on every scheduling attempt: 1.4 s at ~900
 jobs). So each tracked job is read on its own (`GET /job/<id>`), on a schedule of its own:
 
-- a job just submitted or still pending is read soon and then less often (doubling up to
-  `max_interval`), since Slurm usually allocates within a second;
+- a job just submitted is read every 50 ms for its first second (at most 32 jobs at
+  once), since Slurm allocates it at its next pass, within a second; a job still pending
+  is then read less often (doubling up to `max_interval`);
 - a Slurm node event (the Slurm informer's update_time deltas, one small request per poll
   for the whole cluster) makes every pending job and every job on that node due at once: an
   allocation or an ending job changes its node, so it is noticed within one informer poll;
@@ -33,6 +34,14 @@ log = logging.getLogger(__name__)
 
 FIRST_READ_S = 0.05
 CONCURRENT_READS = 8
+# slurmctld allocates a submitted job at its next scheduling pass, 0.2-0.9 s after the
+# submission on the test bed (a pass about once a second; probed with an idle slurmctld and
+# free nodes), so reads doubling from 50 ms noticed it up to ~0.75 s late. A job just
+# submitted is read every FIRST_READ_S for its first FAST_READS reads (about one second)
+# instead; at most FAST_JOBS jobs at once, so a burst of thousands of waiting jobs does not
+# turn into thousands of reads per second.
+FAST_READS = 20
+FAST_JOBS = 32
 
 
 def _significant(job: Job | None) -> tuple[tuple[str, ...], str] | None:
@@ -54,6 +63,7 @@ class JobWatch(BackgroundLoop):
         self.jobs: dict[int, Job | None] = {}
         self._next: dict[int, float] = {}  # job id -> when to read it (monotonic)
         self._interval: dict[int, float] = {}
+        self._fast: dict[int, int] = {}  # job id -> fast reads left (see FAST_READS)
         self._wake = asyncio.Event()
         self.reads = 0
 
@@ -62,8 +72,11 @@ class JobWatch(BackgroundLoop):
 
     # ------------------------------------------------------------ what to watch
 
-    def track(self, job_id: int, *, soon: bool = False) -> None:
-        """Watch `job_id` (idempotent); `soon`: read it now and then back off again."""
+    def track(self, job_id: int, *, soon: bool = False, fresh: bool = False) -> None:
+        """Watch `job_id` (idempotent); `soon`: read it now and then back off again;
+        `fresh`: just submitted, read it often at first (see FAST_READS)."""
+        if fresh and job_id not in self._next and len(self._fast) < FAST_JOBS:
+            self._fast[job_id] = FAST_READS
         if job_id not in self._next or soon:
             self._interval[job_id] = FIRST_READ_S
             self._schedule(job_id, FIRST_READ_S)
@@ -71,6 +84,7 @@ class JobWatch(BackgroundLoop):
     def untrack(self, job_id: int) -> None:
         self._next.pop(job_id, None)
         self._interval.pop(job_id, None)
+        self._fast.pop(job_id, None)
         self.jobs.pop(job_id, None)
 
     @property
@@ -82,6 +96,15 @@ class JobWatch(BackgroundLoop):
         for job_id in list(self._next):
             job = self.jobs.get(job_id)
             if job is None or job.is_pending or node in expand_hostlist(job.nodes):
+                self._interval[job_id] = FIRST_READ_S
+                self._schedule(job_id, 0.0)
+
+    def pending_due(self) -> None:
+        """Slurm nodes changed in a way the node events may not show: read every pending
+        job now."""
+        for job_id in list(self._next):
+            job = self.jobs.get(job_id)
+            if job is None or job.is_pending:
                 self._interval[job_id] = FIRST_READ_S
                 self._schedule(job_id, 0.0)
 
@@ -122,8 +145,12 @@ class JobWatch(BackgroundLoop):
                 if job_id not in self._next:
                     return
                 interval = min(self._interval.get(job_id, FIRST_READ_S) * 2, self.max_interval)
+                fast = self._fast.pop(job_id, 0)
                 if job is None or not job.is_pending:
                     interval = self.max_interval
+                elif fast > 1:
+                    self._fast[job_id] = fast - 1
+                    interval = FIRST_READ_S
                 self._interval[job_id] = interval
                 self._next[job_id] = time.monotonic() + interval
 

@@ -25,3 +25,7 @@ REASON_PREFIX = "slurm-bridge: "
 # Pod finalizer set by the scheduler with the job-id label: the workload controller removes
 # it once the pod is terminal and its job is ended, so no pod disappears with its job running.
 FINALIZER = "scheduler.slinky.slurm.net/finalizer"
+# Pod annotation set by the scheduler when it replaced the pod's placeholder job (its node
+# became one the pod must not use before the pod was bound): the replaced job's id, which is
+# cancelled once the pod names its new job.
+REPLACED_JOB = "scheduler.slinky.slurm.net/replaced-slurm-jobid"

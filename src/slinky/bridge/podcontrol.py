@@ -59,17 +59,9 @@ async def mark_submitted(kube: rest.Kube, pod: JSON, job_id: int) -> None:
     )
 
 
-async def annotate_node(kube: rest.Kube, pod: JSON, slurm_node: str) -> None:
-    name, ns, uid = name_ns_uid(pod)
-    await kube.patch(
-        rest.PODS,
-        name,
-        {"metadata": {"uid": uid, "annotations": {SLURM_NODE: slurm_node}}},
-        ns,
-    )
-
-
-async def bind(kube: rest.Kube, pod: JSON, node: str) -> None:
+async def bind(kube: rest.Kube, pod: JSON, node: str, slurm_node: str) -> None:
+    """Bind the pod to `node`; the Binding's annotations are copied onto the pod by the
+    apiserver, so the Slurm node annotation costs no request of its own."""
     name, ns, uid = name_ns_uid(pod)
     await kube.request(
         "POST",
@@ -77,7 +69,12 @@ async def bind(kube: rest.Kube, pod: JSON, node: str) -> None:
         body={
             "apiVersion": "v1",
             "kind": "Binding",
-            "metadata": {"name": name, "namespace": ns, "uid": uid},
+            "metadata": {
+                "name": name,
+                "namespace": ns,
+                "uid": uid,
+                "annotations": {SLURM_NODE: slurm_node},
+            },
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         },
     )

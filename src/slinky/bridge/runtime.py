@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from slinky.bridge.config import BridgeConfig
+from slinky.bridge.connection import SlurmConnection
 from slinky.kube import rest
 from slinky.kube.serving import ProbeServer
 
@@ -31,6 +32,15 @@ class Context:
     args: argparse.Namespace
     identity: str
     namespace: str
+    _slurm: SlurmConnection | None = field(default=None, repr=False)
+
+    def slurm(self, needed_by: str) -> SlurmConnection:
+        """The process's one Slurm connection: the components that run together share its
+        informer, so a changed Slurm node is read once per process, not once per
+        component (each poll after a change returns the whole node list)."""
+        if self._slurm is None:
+            self._slurm = SlurmConnection.from_config(self.config, needed_by=needed_by)
+        return self._slurm
 
 
 class Component(Protocol):

@@ -112,6 +112,7 @@ class SlurmInformer(BackgroundLoop):
         self._last_resync = 0.0
         self._synced = asyncio.Event()
         self._subscribers: list[Subscriber] = []
+        self._node_list_subscribers: list[Callable[[], None]] = []
         self._wake = asyncio.Event()
         self._full_next = False
         self._demand: dict[str, float] = {}  # who waits on Slurm -> since when (monotonic)
@@ -135,6 +136,13 @@ class SlurmInformer(BackgroundLoop):
     def unsubscribe(self, fn: Subscriber) -> None:
         with contextlib.suppress(ValueError):
             self._subscribers.remove(fn)
+
+    def on_node_list(self, fn: Callable[[], None]) -> None:
+        """Call `fn` (on the event loop, must not block) after every delta poll in which
+        slurmctld returned the node list, i.e. some node changed since the last poll,
+        whether or not a field the diff looks at did: a node handed from one job to the
+        next between two polls looks the same before and after."""
+        self._node_list_subscribers.append(fn)
 
     def _publish(self, event: SlurmEvent) -> None:
         for fn in list(self._subscribers):
@@ -269,6 +277,12 @@ class SlurmInformer(BackgroundLoop):
             self._last_resync = now
         if nodes is not None:
             self._diff_nodes(nodes)
+            if not full:
+                for fn in list(self._node_list_subscribers):
+                    try:
+                        fn()
+                    except Exception:
+                        log.exception("%s: node list subscriber failed", self)
         elif jobs is None:
             self.unchanged_polls += 1
         self._node_update = last or self._node_update

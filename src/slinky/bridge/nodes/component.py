@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from slinky.bridge.connection import SlurmConnection
 from slinky.bridge.nodes import controller
 from slinky.bridge.runtime import EVENT_CONTROLLER, Context
 from slinky.kube import events
@@ -22,7 +21,7 @@ class NodeComponent:
     leader_elected = True
 
     def __init__(self, ctx: Context) -> None:
-        self.slurm = SlurmConnection.from_config(ctx.config, needed_by="node controller")
+        self.slurm = ctx.slurm("node controller")
         self.factory = InformerFactory(ctx.kube)
         self.recorder = events.EventRecorder(
             ctx.kube, controller=EVENT_CONTROLLER, instance=ctx.identity
@@ -49,7 +48,7 @@ class NodeComponent:
     async def run(self, stop: asyncio.Event) -> None:
         self.leading = True
         self.factory.start()
-        self.slurm.informer.start()
+        self.slurm.open()
         try:
             synced = asyncio.create_task(self.slurm.informer.wait_synced())
             stopping = asyncio.create_task(stop.wait())

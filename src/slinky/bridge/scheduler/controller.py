@@ -5,10 +5,14 @@
 - Its placeholder jobs (the job watch): a job whose state or nodes changed brings back the
   pod waiting on it.
 - Slurm nodes (the Slurm informer's deltas): a changed node makes the pending jobs and the
-  jobs on it due for a read at once, which is how an allocation is noticed within a poll.
+  jobs on it due for a read at once, which is how an allocation is noticed within a poll;
+  so does a node list that changed without a node event (a node handed from a cancelled job
+  to a waiting one between two polls looks the same before and after).
 - Kubernetes Nodes, for the Slurm node -> Kubernetes node mapping (index on the Slurm name)
   and the pods' constraints; a Node or Slurm node that changes brings back the pods that no
-  managed node could take.
+  managed node could take, and a Node added, relabelled or retainted (or a Slurm node added
+  or removed) brings back the pods that wait on a job, whose excluded_nodes may have to
+  follow (see `exclusion`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from slinky.bridge.config import BridgeConfig
 from slinky.bridge.connection import SlurmConnection
 from slinky.bridge.jobwatch import JobWatch
 from slinky.bridge.nodes.controller import BY_SLURM_NAME, index_slurm_name
+from slinky.bridge.scheduler import exclusion
 from slinky.bridge.scheduler.queue import PriorityWorkQueue, pod_rank
 from slinky.bridge.scheduler.sync import SchedulerSync
 from slinky.kube import events, rest
@@ -73,12 +78,22 @@ def build(
     ctrl.watch(pods, predicate=waits)
     # A node that changes may now take a pod that no node could take.
     ctrl.watch(nodes, mapper=lambda _node: list(sync.unfit))
+    # A node added, relabelled or retainted changes what a waiting job must exclude.
+    ctrl.watch(
+        nodes, mapper=lambda _node: list(sync.waits_on), predicate=exclusion.placement_relevant
+    )
 
     def on_slurm(event: SlurmEvent) -> None:
         if event.kind == "node":
             watch.node_changed(event.name)
             for key in list(sync.unfit):
                 ctrl.enqueue(key)
+            if event.type in ("ADDED", "DELETED"):
+                for key in list(sync.waits_on):
+                    ctrl.enqueue(key)
 
     slurm.informer.subscribe(on_slurm)
+    # A node handed from a cancelled job to a waiting one between two polls shows no node
+    # event; slurmctld's update_time still says a node changed.
+    slurm.informer.on_node_list(watch.pending_due)
     return ctrl, sync, watch

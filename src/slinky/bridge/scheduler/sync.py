@@ -11,7 +11,9 @@
                take is not submitted: PodScheduled=False, `NoManagedNodeFits`, saying why;
 2. `place`   — once Slurm allocated the job, the pod is annotated with the Slurm node and
                bound to the Kubernetes node of that name; while the job pends, the pod says
-               so (PodScheduled=False, `SlurmJobPending`, Slurm's reason).
+               so (PodScheduled=False, `SlurmJobPending`, Slurm's reason), and the job's
+               excluded_nodes follow the managed nodes; an allocated node the pod's
+               constraints reject gets the pod a new job instead (see `exclusion`).
 
 Never a second job for a pod: the job id is remembered from the moment Slurm answers
 (before the label is written), recovered at start from the jobs' admin_comment for pods that
@@ -21,6 +23,8 @@ is made again.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
 import logging
 import time
@@ -32,8 +36,10 @@ from slinky.bridge import constraints, placeholder, podcontrol
 from slinky.bridge.config import BridgeConfig
 from slinky.bridge.connection import SlurmConnection
 from slinky.bridge.jobwatch import JobWatch
-from slinky.bridge.labels import SLURM_NODE
+from slinky.bridge.labels import REPLACED_JOB, SLURM_JOBID
 from slinky.bridge.nodes.controller import BY_SLURM_NAME
+from slinky.bridge.nudge import nudge
+from slinky.bridge.scheduler import exclusion
 from slinky.kube import events, rest
 from slinky.kube.controller import DONE, Result
 from slinky.kube.informer import Informer
@@ -63,6 +69,14 @@ PODS_PENDING = Gauge(
     "Pods whose placeholder job Slurm has not allocated yet, or that no managed node can take",
 )
 PODS_BOUND = Counter("slurm_bridge_pods_bound_total", "Pods bound to the node Slurm allocated")
+EXCLUSION_UPDATES = Counter(
+    "slurm_bridge_excluded_nodes_updates_total",
+    "Pending placeholder jobs whose excluded_nodes were updated after managed nodes changed",
+)
+REPLACEMENTS = Counter(
+    "slurm_bridge_job_replacements_total",
+    "Placeholder jobs replaced because Slurm allocated a node the pod's constraints reject",
+)
 SLURM_ERRORS = Counter(
     "slurm_bridge_slurm_errors_total",
     "Slurm refusals and failures seen by the scheduler, by reason",
@@ -123,6 +137,8 @@ class SchedulerSync:
         # Job id -> pod key for the jobs this scheduler waits on, and back.
         self.waiting: dict[int, str] = {}
         self.waits_on: dict[str, int] = {}
+        # Pod UID -> the job submitted to replace its job, until the pod is relabelled.
+        self.replacements: dict[str, int] = {}
         PODS_PENDING.set_function(lambda: len(self.waits_on) + len(self.unfit))
 
     # ------------------------------------------------------------ which pods
@@ -287,8 +303,19 @@ class SchedulerSync:
         if age is not None:
             SUBMIT_LATENCY.observe(age)
         log.info("pod %s: submitted placeholder job %d (%s)", key, job_id, desc["partition"])
-        await podcontrol.mark_submitted(self.kube, pod, job_id)
+        # The label must be on the pod before it is bound (a restart finds the job by it);
+        # the job's first read need not wait for it: one round trip instead of two.
+        self.watch.track(job_id, fresh=True)
+        await asyncio.gather(
+            podcontrol.mark_submitted(self.kube, pod, job_id), self.first_read(job_id)
+        )
         return await self.place(pod, job_id)
+
+    async def first_read(self, job_id: int) -> None:
+        """Read a job just submitted (place() then uses the read); a failed read is left to
+        place(), which reads it again."""
+        with contextlib.suppress(errors.SlurmError):
+            await self.watch.read(job_id)
 
     async def rejected(self, pod: JSON, e: errors.SlurmError) -> Result:
         """Slurm refused the job: say so on the pod and try again later (the partition may
@@ -327,18 +354,20 @@ class SchedulerSync:
             return self.watch.jobs[job_id]
         return await self.watch.read(job_id)
 
-    def kube_node(self, slurm_node: str) -> str | None:
+    def kube_node(self, slurm_node: str) -> JSON | None:
         """The Kubernetes node whose Slurm name is `slurm_node` (label, else its name)."""
-        names = sorted(str(n["metadata"]["name"]) for n in self.nodes.store.by_index(
-            BY_SLURM_NAME, slurm_node
-        ))  # fmt: skip
-        return names[0] if names else None
+        nodes = sorted(
+            self.nodes.store.by_index(BY_SLURM_NAME, slurm_node),
+            key=lambda n: str(n["metadata"]["name"]),
+        )
+        return nodes[0] if nodes else None
 
     async def place(self, pod: JSON, job_id: int) -> Result:
         key = placeholder.pod_key(pod)
         self.waiting[job_id] = key
         self.waits_on[key] = job_id
         self.watch.track(job_id)
+        await self.cancel_replaced(pod)
         job = await self.job(job_id)
         if job is None or job.is_finished:
             return DONE  # the workload controller ends the pod with its job
@@ -357,6 +386,8 @@ class SchedulerSync:
             )
             return DONE
         allocated = expand_hostlist(job.nodes) if job.is_running else []
+        if job.is_pending:
+            await self.follow_nodes(pod, job)
         if not allocated:
             state = "/".join(job.state) or "PENDING"
             why = (
@@ -367,7 +398,12 @@ class SchedulerSync:
             )
             return DONE  # the job watch brings the pod back when the job changes
         slurm_node = allocated[0]
-        node = self.kube_node(slurm_node)
+        node_obj = self.kube_node(slurm_node)
+        if node_obj is not None and not exclusion.allows(
+            pod, node_obj, scheduler_name=self.config.scheduler_name
+        ):
+            return await self.replace(pod, job_id, slurm_node)
+        node = None if node_obj is None else str(node_obj["metadata"]["name"])
         if node is None:
             message = (
                 f"Slurm job {job_id} was allocated Slurm node {slurm_node}, which no "
@@ -375,11 +411,8 @@ class SchedulerSync:
             )
             self.recorder.event(pod, events.WARNING, "NodeNotFound", message, action="Bind")
             return Result(requeue_after=NO_NODE_RECHECK_S)
-        annotations = (pod["metadata"].get("annotations")) or {}
-        if annotations.get(SLURM_NODE) != slurm_node:
-            await podcontrol.annotate_node(self.kube, pod, slurm_node)
         try:
-            await podcontrol.bind(self.kube, pod, node)
+            await podcontrol.bind(self.kube, pod, node, slurm_node)
         except rest.ApiError as e:
             if e.not_found or e.conflict:
                 return DONE  # deleted, or bound already (by an earlier pass)
@@ -398,3 +431,106 @@ class SchedulerSync:
         )
         self.forget(key)
         return DONE
+
+    # ------------------------------------------------------------ nodes changed (see exclusion)
+
+    async def follow_nodes(self, pod: JSON, job: Job) -> None:
+        """A pending job's excluded_nodes brought up to date with the managed nodes."""
+        where = self.placement(pod, job.partition or self.config.partition)
+        want = exclusion.stale_exclusion(job, where)
+        if want is None:
+            return
+        try:
+            await self.slurm.client.update_job(job.job_id, {"excluded_nodes": want})
+        except errors.SlurmError as e:
+            # Allocated meanwhile, typically: the check before binding has the last word.
+            log.info("job %d: excluded_nodes not updated (%s)", job.job_id, e)
+            return
+        EXCLUSION_UPDATES.inc()
+        log.info("job %d: excluded_nodes now %s", job.job_id, ",".join(want) or "(none)")
+        self.watch.track(job.job_id, soon=True)
+
+    async def replace(self, pod: JSON, old: int, slurm_node: str) -> Result:
+        """Slurm allocated the job a node the pod's constraints reject (a node that changed
+        before its excluded_nodes could follow): the pod gets a new job, then the old one
+        is cancelled (it ran nothing: the pod was never bound)."""
+        key, uid = placeholder.pod_key(pod), str(pod["metadata"]["uid"])
+        message = (
+            f"Slurm job {old} was allocated Slurm node {slurm_node}, which the pod's node "
+            "selector, affinity or tolerations reject; submitting a new job"
+        )
+        self.recorder.event(pod, events.WARNING, "SlurmNodeRejected", message, action="Bind")
+        new = self.replacements.get(uid)
+        if new is None:
+            # Submitted before a crash, but not on the pod yet? (Rare path: a full read.)
+            found = [j for j in await self.live_jobs_naming(uid) if j != old]
+            new = found[0] if found else None
+        if new is None:
+            desc = placeholder.job_description(pod, self.config)
+            where = self.placement(pod, str(desc["partition"]))
+            if where.excluded:
+                desc["excluded_nodes"] = where.excluded
+            new = await self.slurm.client.submit_job(desc)
+            log.info("pod %s: submitted job %d to replace job %d", key, new, old)
+        self.replacements[uid] = new
+        name, ns, _ = podcontrol.name_ns_uid(pod)
+        relabelled = await self.kube.patch(
+            rest.PODS,
+            name,
+            {
+                "metadata": {
+                    "uid": uid,
+                    "labels": {SLURM_JOBID: str(new)},
+                    "annotations": {REPLACED_JOB: str(old)},
+                }
+            },
+            ns,
+            kind="strategic",
+        )
+        del self.replacements[uid]
+        REPLACEMENTS.inc()
+        self.forget(key)
+        return await self.place(relabelled, new)
+
+    async def cancel_replaced(self, pod: JSON) -> None:
+        """The job named by the pod's replaced-job annotation is cancelled, if it is still
+        this pod's placeholder and still live (repeated on every pass: a crash between
+        relabelling and cancelling leaves it to the next)."""
+        text = str(((pod["metadata"].get("annotations")) or {}).get(REPLACED_JOB) or "")
+        if not text.isdigit() or int(text) == podcontrol.job_id_of(pod):
+            return
+        old = int(text)
+        try:
+            job = await self.slurm.client.get_job(old)
+        except errors.SlurmNotFound:
+            return
+        if job.is_finished or not placeholder.is_placeholder_of(
+            str(job.raw.get("admin_comment") or ""),
+            scheduler=self.config.scheduler_name,
+            key=placeholder.pod_key(pod),
+            uid=str(pod["metadata"]["uid"]),
+        ):
+            return
+        await self.slurm.client.cancel_job(old)
+        log.info("job %d: cancelled: replaced for pod %s", old, placeholder.pod_key(pod))
+        job_id = podcontrol.job_id_of(pod)
+        if job.nodes and job_id is not None:
+            # Its node is free: the replacement may take it at once rather than at
+            # Slurm's next periodic pass.
+            await nudge(
+                self.slurm.client,
+                job_id,
+                placeholder.admin_comment([pod], scheduler=self.config.scheduler_name),
+            )
+
+    async def live_jobs_naming(self, uid: str) -> list[int]:
+        """The live jobs of ours whose admin_comment names the pod `uid` (the job list)."""
+        jobs, _ = await self.slurm.client.list_jobs()
+        out = []
+        for job in jobs or []:
+            comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
+            if job.is_finished or comment is None:
+                continue
+            if comment.scheduler == self.config.scheduler_name and uid in comment.pods.values():
+                out.append(job.job_id)
+        return sorted(out)

@@ -9,7 +9,8 @@ steps. Slurm is the source of truth for what runs on managed nodes:
                      kubelet reports it terminal, so its containers keep what Slurm gave them;
 3. `job_ended`     — the job ended in Slurm (completed, cancelled with scancel, timed out,
                      node failure) or Slurm no longer knows it: the pod is deleted, with an
-                     event naming the job's state.
+                     event naming the job's state (after one read of the live pod: a pod
+                     the scheduler just relabelled with a replacement job is left alone).
 
 `cancel_orphans` runs once at start: a live job of ours whose pods are all gone (confirmed
 by the apiserver, not only the cache) is cancelled.
@@ -25,6 +26,7 @@ from slinky.bridge.config import BridgeConfig
 from slinky.bridge.connection import SlurmConnection
 from slinky.bridge.jobwatch import JobWatch
 from slinky.bridge.labels import SLURM_JOBID
+from slinky.bridge.nudge import nudge
 from slinky.kube import events, rest
 from slinky.kube.controller import DONE, Result
 from slinky.kube.informer import Informer
@@ -129,6 +131,19 @@ class WorkloadSync:
         self.slurm.informer.poke()
         self.watch.untrack(job_id)
         log.info("job %d: cancelled (%s)", job_id, why)
+        if job.nodes:
+            await self.nudge_slurm()
+
+    async def nudge_slurm(self) -> None:
+        """A cancelled job freed its node: Slurm is nudged into a scheduling pass through
+        one pending job of ours (see `nudge`)."""
+        for job_id, job in list(self.watch.jobs.items()):
+            if job is None or not job.is_pending:
+                continue
+            comment = str(job.raw.get("admin_comment") or "")
+            if placeholder.read_comment(comment) is not None:
+                await nudge(self.slurm.client, job_id, comment)
+                return
 
     # ------------------------------------------------------------ 1. pod gone
 
@@ -164,12 +179,27 @@ class WorkloadSync:
                 "the pod is left alone",
             )
             return DONE
+        if not await self.still_names(pod, job_id):
+            return DONE  # relabelled with a new job (the scheduler replaced this one)
         state = state_of(job)
         message = f"Slurm job {job_id} is {state}: deleting the pod"
         log.info("pod %s: %s", key, message)
         self.recorder.event(pod, events.WARNING, "SlurmJobEnded", message, action="Delete")
         await podcontrol.delete(self.kube, pod)
         return DONE
+
+    async def still_names(self, pod: JSON, job_id: int) -> bool:
+        """Whether the live pod still carries `job_id` (the cache may lag a relabelling by
+        the scheduler, which replaces a job before cancelling it): one read, only before
+        a deletion."""
+        name, ns, uid = podcontrol.name_ns_uid(pod)
+        try:
+            live = await self.kube.get(rest.PODS, name, ns)
+        except rest.ApiError as e:
+            if e.not_found:
+                return False
+            raise
+        return live["metadata"].get("uid") == uid and podcontrol.job_id_of(live) == job_id
 
     # ------------------------------------------------------------ start-up
 

@@ -1,0 +1,37 @@
+"""Starting a Slurm scheduling pass from outside slurmctld.
+
+A batch job's end is reported by its slurmd, and that report starts a scheduling pass at
+once. An EXTERNAL placeholder job has no slurmd: after it is cancelled, the jobs waiting
+for its node wait for Slurm's periodic pass (the backfill every 30 s, the main pass every
+60 s, by default), and every pod hand-over on a busy node would take that long. Any job
+update starts a pass, so a pending placeholder job of ours gets its own admin_comment
+written again, unchanged: nothing about any job changes."""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import Counter
+
+from slinky.slurm import errors
+from slinky.slurm.client import SlurmClient
+
+log = logging.getLogger(__name__)
+
+NUDGES = Counter(
+    "slurm_bridge_scheduling_nudges_total",
+    "Updates of a pending placeholder job made to start a Slurm scheduling pass after a "
+    "cancelled placeholder job freed its node",
+)
+
+
+async def nudge(client: SlurmClient, job_id: int, admin_comment: str) -> bool:
+    """Start a pass through an update of pending job `job_id` (whose admin_comment is
+    `admin_comment`); False when Slurm refused it (no harm: its periodic pass comes)."""
+    try:
+        await client.update_job(job_id, {"admin_comment": admin_comment})
+    except errors.SlurmError as e:
+        log.info("job %d: could not nudge Slurm's scheduler (%s)", job_id, e)
+        return False
+    NUDGES.inc()
+    return True
