@@ -11,6 +11,16 @@ steps. Slurm is the source of truth for what runs on managed nodes:
                      node failure) or Slurm no longer knows it: the pod is deleted, with an
                      event naming the job's state.
 
+A group's job (one job for the pods of a PodGroup, LeaderWorkerSet replica, gang Job or
+JobSet, see `groups`) follows the same rules, with one more: a pod of the group that *fails*
+ends the job at once, so every other pod of the group is deleted with it. A gang runs all
+its pods or none, and the owners restart a gang as a whole (LeaderWorkerSet recreates the
+group, JobSet's failure policy restarts its jobs, a Job makes new pods, which form a new
+group and get a new job). A pod that succeeds leaves the job to the others; the last one to
+end it cancels it. An unbound pod of a group whose pending job was cancelled because another
+pod left (the scheduler removes its job-id label first) is not deleted: the live pod is
+read before an unbound pod is deleted for its job.
+
 `cancel_orphans` runs once at start: a live job of ours whose pods are all gone (confirmed
 by the apiserver, not only the cache) is cancelled.
 """
@@ -39,6 +49,12 @@ BY_JOB = "slurm-jobid"
 def index_job(pod: JSON) -> list[str]:
     job_id = podcontrol.job_id_of(pod)
     return [str(job_id)] if job_id is not None else []
+
+
+def is_group_job(job: Job) -> bool:
+    """The job stands for more than one pod (a group's job)."""
+    comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
+    return comment is not None and len(comment.pods) > 1
 
 
 def state_of(job: Job | None) -> str:
@@ -112,12 +128,18 @@ class WorkloadSync:
             uid=uid,
         )
 
-    async def cancel(self, job_id: int, key: str, why: str, uid: str = "") -> None:
-        if self.others_running(job_id, key):
+    async def cancel(
+        self, job_id: int, key: str, why: str, uid: str = "", *, failed: bool = False
+    ) -> None:
+        """Cancel the job unless another pod of it still runs; `failed`: the pod failed,
+        which ends a group's job whatever its other pods do."""
+        if not failed and self.others_running(job_id, key):
             return
         job = await self.job(job_id)
         if job is None or job.is_finished:
             self.watch.untrack(job_id)
+            return
+        if failed and self.others_running(job_id, key) and not is_group_job(job):
             return
         if not self.owns(job, key, uid):
             log.warning(
@@ -144,7 +166,9 @@ class WorkloadSync:
         key = placeholder.pod_key(pod)
         phase = (pod.get("status") or {}).get("phase") or "Pending"
         why = f"pod {key} is {phase}" + (" and deleted" if podcontrol.is_deleting(pod) else "")
-        await self.cancel(job_id, key, why, str(pod["metadata"].get("uid") or ""))
+        await self.cancel(
+            job_id, key, why, str(pod["metadata"].get("uid") or ""), failed=phase == "Failed"
+        )
         await podcontrol.remove_finalizer(self.kube, pod)
         return DONE
 
@@ -164,12 +188,25 @@ class WorkloadSync:
                 "the pod is left alone",
             )
             return DONE
+        if not podcontrol.node_of(pod) and not await self.still_labelled(pod, job_id):
+            return DONE  # a group pod set free of a cancelled pending job: it waits again
         state = state_of(job)
         message = f"Slurm job {job_id} is {state}: deleting the pod"
         log.info("pod %s: %s", key, message)
         self.recorder.event(pod, events.WARNING, "SlurmJobEnded", message, action="Delete")
         await podcontrol.delete(self.kube, pod)
         return DONE
+
+    async def still_labelled(self, pod: JSON, job_id: int) -> bool:
+        """Whether the live pod (not the cache, which may lag) still names the job."""
+        name, ns, uid = podcontrol.name_ns_uid(pod)
+        try:
+            live = await self.kube.get(rest.PODS, name, ns)
+        except rest.ApiError as e:
+            if e.not_found:
+                return False
+            raise
+        return live["metadata"].get("uid") == uid and podcontrol.job_id_of(live) == job_id
 
     # ------------------------------------------------------------ start-up
 
