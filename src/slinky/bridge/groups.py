@@ -12,7 +12,10 @@ all at once or not at all. A pod's group is, in this order:
   `minCount` is N (a `basic` policy schedules pods one by one);
 - up the chain of controller `ownerReferences`:
   - a LeaderWorkerSet: one group per replica (the pods sharing the label
-    `leaderworkerset.sigs.k8s.io/group-unique-hash`), N = `spec.leaderWorkerTemplate.size`;
+    `leaderworkerset.sigs.k8s.io/group-key`, as LeaderWorkerSet v0.8 names it),
+    N = `spec.leaderWorkerTemplate.size`. Its `startupPolicy` must be `LeaderCreated` (the
+    default): with `LeaderReady` the workers are made only once the leader runs, which a
+    gang never does alone;
   - a JobSet annotated `slurmjob.slinky.slurm.net/gang: "true"`: one group per replicated
     job (per restart attempt), N = replicas x parallelism;
   - a batch/v1 Job annotated `slurmjob.slinky.slurm.net/gang: "true"`: one group, N =
@@ -52,7 +55,7 @@ JSON = dict[str, Any]
 # for a JobSet) and get one Slurm job.
 GANG = SLURMJOB_PREFIX + "gang"
 PODGROUP_LABEL = "scheduling.x-k8s.io/pod-group"
-LWS_HASH = "leaderworkerset.sigs.k8s.io/group-unique-hash"
+LWS_HASH = "leaderworkerset.sigs.k8s.io/group-key"
 LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
 LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
 JOBSET_RJOB = "jobset.sigs.k8s.io/replicatedjob-name"
@@ -342,6 +345,13 @@ class GroupResolver:
         if not unique:
             raise GroupProblem(
                 "InvalidGroup", f"pod of LeaderWorkerSet {ns}/{name} has no label {LWS_HASH}"
+            )
+        if (lws.get("spec") or {}).get("startupPolicy") == "LeaderReady":
+            raise GroupProblem(
+                "InvalidGroup",
+                f"LeaderWorkerSet {ns}/{name}: spec.startupPolicy LeaderReady makes the workers "
+                "only once the leader runs, and a group starts whole or not at all; use "
+                "LeaderCreated",
             )
         template = (lws.get("spec") or {}).get("leaderWorkerTemplate") or {}
         size = _count(lws, "spec.leaderWorkerTemplate.size", template.get("size"), default=1)
