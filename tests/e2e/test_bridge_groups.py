@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
-from slinky.bridge.groups import GANG, JOB_COMPLETION_INDEX, PODGROUP_LABEL
+from slinky.bridge.groups import GANG, JOB_COMPLETION_INDEX, LWS_GROUP_INDEX, PODGROUP_LABEL
 from slinky.bridge.labels import EXTERNAL_NODE, SLURM_JOBID, SLURM_NODE, SLURMJOB_PREFIX
 from slinky.bridge.nodes.registration import registered_for
 from slinky.kube import conditions, rest
@@ -30,6 +30,7 @@ from slinky.slurm.models import Job, expand_hostlist
 from slinky_testbed import nodes
 from slinky_testbed.waiting import wait_for
 from tests.e2e.bridge_fixtures import SCHEDULER, BridgeEnv, wait_slurm_node
+from tests.e2e.group_controllers import GroupControllers
 from tests.e2e.test_bridge_scheduler import get_pod, job_ended, pod_gone
 
 JSON = dict[str, Any]
@@ -413,3 +414,134 @@ async def test_a_group_too_large_for_the_free_nodes_waits_and_a_smaller_one_does
             await cleanup(env, ns, f"{PODGROUP_LABEL}={g}")
             with contextlib.suppress(rest.ApiError):
                 await env.kube.delete(PODGROUPS, g, ns)
+
+
+# ---------------------------------------------------------------- real JobSet and LWS controllers
+
+JOBSETS = rest.Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
+LWS = rest.Resource("leaderworkerset.x-k8s.io", "v1", "leaderworkersets", "LeaderWorkerSet")
+JOBSET_NAME = "jobset.sigs.k8s.io/jobset-name"
+LWS_NAME = "leaderworkerset.sigs.k8s.io/name"
+
+
+def jobset(name: str, replicas: int, args: list[str], *, gang: bool) -> JSON:
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": name, "annotations": {GANG: "true"} if gang else {}},
+        "spec": {
+            "replicatedJobs": [
+                {
+                    "name": "w",
+                    "replicas": replicas,
+                    "template": {
+                        "spec": {
+                            "parallelism": 1,
+                            "completions": 1,
+                            "backoffLimit": 0,
+                            "template": {
+                                "spec": {
+                                    "restartPolicy": "Never",
+                                    "terminationGracePeriodSeconds": 2,
+                                    "containers": [container(args)],
+                                }
+                            },
+                        }
+                    },
+                }
+            ]
+        },
+    }
+
+
+async def jobset_completed(env: BridgeEnv, name: str, ns: str) -> None:
+    async def completed() -> bool:
+        got = await env.kube.get(JOBSETS, name, ns)
+        return conditions.is_true((got.get("status") or {}).get("conditions"), "Completed")
+
+    await wait_for(completed, timeout=180, what=f"JobSet {name} Completed")
+
+
+async def test_a_jobset_runs_one_slurm_job_per_pod_by_default(
+    bridge: BridgeEnv, gang_nodes: GangNodes, group_controllers: GroupControllers
+) -> None:
+    env, ns = bridge, bridge.managed_namespace
+    name = f"js-{uuid.uuid4().hex[:6]}"
+    await env.kube.create(JOBSETS, jobset(name, 2, ["sh", "-c", "sleep 3"], gang=False), ns)
+    selector = f"{JOBSET_NAME}={name}"
+
+    async def all_bound() -> list[JSON] | None:
+        pods = await labelled(env, ns, selector)
+        return pods if len(pods) == 2 and all(p["spec"].get("nodeName") for p in pods) else None
+
+    pods = await wait_for(all_bound, timeout=120, what="both JobSet pods bound")
+    ids = {p["metadata"]["labels"][SLURM_JOBID] for p in pods}
+    assert len(ids) == 2  # one job per pod, as upstream
+    for job_id in ids:
+        assert len(expand_hostlist((await env.slurm.get_job(int(job_id))).nodes)) == 1
+    await jobset_completed(env, name, ns)
+    for job_id in ids:
+        assert (await job_ended(env, int(job_id), timeout=60)).state == ["CANCELLED"]
+    await env.kube.delete(JOBSETS, name, ns, propagation="Background")
+    await cleanup(env, ns, selector)
+
+
+async def test_a_gang_jobset_runs_as_one_slurm_job_and_its_pods_find_each_other_by_name(
+    bridge: BridgeEnv, gang_nodes: GangNodes, group_controllers: GroupControllers
+) -> None:
+    """The JobSet controller gives each pod a hostname under the JobSet's headless Service;
+    each pod looks the other one up by that name before it exits 0."""
+    env, ns = bridge, bridge.managed_namespace
+    name = f"jsg-{uuid.uuid4().hex[:6]}"
+    peers = " ".join(f"{name}-w-{i}-0.{name}" for i in range(2))
+    script = (
+        f"for h in {peers}; do ok=; for i in $(seq 90); do "
+        'getent hosts "$h" && ok=1 && break; sleep 1; done; [ -n "$ok" ] || exit 1; done'
+    )
+    await env.kube.create(JOBSETS, jobset(name, 2, ["sh", "-c", script], gang=True), ns)
+    selector = f"{JOBSET_NAME}={name}"
+    pods = await wait_all_bound(env, ns, selector, 2, timeout=120)
+    job = await the_one_job(env, pods)
+    assert job.name == f"{ns}/{name}-w"
+    for p in pods:
+        assert p["spec"].get("subdomain") == name and p["spec"].get("hostname")
+    await jobset_completed(env, name, ns)
+    ended = await job_ended(env, job.job_id, timeout=60)
+    assert ended.state == ["CANCELLED"] and int(ended.raw.get("restart_cnt") or 0) == 0
+    await env.kube.delete(JOBSETS, name, ns, propagation="Background")
+    await cleanup(env, ns, selector)
+
+
+async def test_each_leaderworkerset_replica_runs_as_one_slurm_job_and_deleting_it_cancels_them(
+    bridge: BridgeEnv, gang_nodes: GangNodes, group_controllers: GroupControllers
+) -> None:
+    env, ns = bridge, bridge.managed_namespace
+    name = f"lws-{uuid.uuid4().hex[:6]}"
+    template = {
+        "spec": {
+            "terminationGracePeriodSeconds": 2,
+            "tolerations": [KWOK_TOLERATION],
+            "containers": [container(["sleep", "600"])],
+        }
+    }
+    lws = {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": name},
+        "spec": {"replicas": 2, "leaderWorkerTemplate": {"size": 2, "workerTemplate": template}},
+    }
+    await env.kube.create(LWS, lws, ns)
+    selector = f"{LWS_NAME}={name}"
+    pods = await wait_all_bound(env, ns, selector, 4, timeout=180)
+    jobs = []
+    for index in ("0", "1"):
+        replica = [p for p in pods if p["metadata"]["labels"].get(LWS_GROUP_INDEX) == index]
+        job = await the_one_job(env, replica)  # one job of two nodes per replica
+        assert job.name == f"{ns}/{name}-{index}"
+        jobs.append(job)
+    used = [n for j in jobs for n in expand_hostlist(j.nodes)]
+    assert sorted(used) == sorted(gang_nodes.all)  # four distinct nodes
+    await env.kube.delete(LWS, name, ns, propagation="Background")
+    for job in jobs:
+        assert (await job_ended(env, job.job_id, timeout=120)).state == ["CANCELLED"]
+    await cleanup(env, ns, selector)
