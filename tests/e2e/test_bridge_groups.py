@@ -545,3 +545,44 @@ async def test_each_leaderworkerset_replica_runs_as_one_slurm_job_and_deleting_i
     for job in jobs:
         assert (await job_ended(env, job.job_id, timeout=120)).state == ["CANCELLED"]
     await cleanup(env, ns, selector)
+
+
+# ---------------------------------------------------------------- Kubernetes 1.36 PodGroup
+
+K8S_PODGROUPS = rest.Resource("scheduling.k8s.io", "v1alpha2", "podgroups", "PodGroup")
+
+
+async def test_a_kubernetes_podgroup_with_a_gang_policy_runs_as_one_slurm_job(
+    bridge: BridgeEnv, gang_nodes: GangNodes
+) -> None:
+    """The test bed's apiserver serves scheduling.k8s.io/v1alpha2 (feature gate
+    GenericWorkload): pods naming a PodGroup with a gang policy of minCount 2 start
+    together as one Slurm job of two nodes."""
+    env, ns = bridge, bridge.managed_namespace
+    name = f"kpg-{uuid.uuid4().hex[:6]}"
+    group = {
+        "apiVersion": "scheduling.k8s.io/v1alpha2",
+        "kind": "PodGroup",
+        "metadata": {"name": name},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": 2}}},
+    }
+    await env.kube.create(K8S_PODGROUPS, group, ns)
+    for i in range(2):
+        pod = group_pod(f"{name}-{i}", name, ["sh", "-c", "sleep 3"])
+        pod["metadata"]["labels"] = {"e2e-k8s-group": name}
+        pod["spec"]["schedulingGroup"] = {"podGroupName": name}
+        created = await env.kube.create(rest.PODS, pod, ns)
+        assert created["spec"].get("schedulingGroup") == {"podGroupName": name}
+    selector = f"e2e-k8s-group={name}"
+    pods = await wait_all_bound(env, ns, selector, 2, timeout=90)
+    job = await the_one_job(env, pods)
+    assert job.name == f"{ns}/{name}"
+
+    async def succeeded() -> bool:
+        phases = [p["status"].get("phase") for p in await labelled(env, ns, selector)]
+        return phases == ["Succeeded", "Succeeded"]
+
+    await wait_for(succeeded, timeout=120, what="both pods Succeeded")
+    assert (await job_ended(env, job.job_id, timeout=60)).state == ["CANCELLED"]
+    await cleanup(env, ns, selector)
+    await env.kube.delete(K8S_PODGROUPS, name, ns)
