@@ -4,6 +4,8 @@ fakes of the apiserver and slurmrestd."""
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -11,10 +13,12 @@ import pytest
 from slinky.bridge import groups, placeholder
 from slinky.bridge.config import parse_config
 from slinky.bridge.groups import GANG, Group, GroupProblem, GroupResolver
-from slinky.bridge.labels import SLURMJOB_PREFIX
+from slinky.bridge.jobwatch import JobWatch
+from slinky.bridge.labels import SLURM_JOBID, SLURMJOB_PREFIX
+from slinky.bridge.workload.sync import BY_JOB, WorkloadSync, index_job
 from slinky.kube import rest
 from slinky.kube.store import Store
-from tests.unit.test_bridge_scheduler_sync import FakeKube, job_label, make_pod, setup
+from tests.unit.test_bridge_scheduler_sync import FakeKube, FakeSlurm, job_label, make_pod, setup
 
 JSON = dict[str, Any]
 CONFIG = parse_config({"partition": "bridge", "schedulerName": "s1"})
@@ -255,3 +259,78 @@ async def test_a_pod_leaving_a_pending_group_cancels_the_job_and_frees_the_other
     assert slurm.cancelled == [job_id]
     assert job_label(pods.get("ns/g-1")) is None  # waits for a whole group again
     assert kube.bound == {}
+
+
+# ---------------------------------------------------------------- the workload controller
+
+
+def workload_setup(comment_pods: list[JSON]) -> Any:
+    slurm = FakeSlurm()
+    pods = Store({BY_JOB: index_job})
+    job_id = 7
+    slurm.jobs[job_id] = {
+        "job_id": job_id,
+        "job_state": ["RUNNING"],
+        "nodes": "n[1-2]",
+        "admin_comment": placeholder.admin_comment(comment_pods, scheduler="s1"),
+    }
+    for p in comment_pods:
+        p["metadata"]["labels"][SLURM_JOBID] = str(job_id)
+        p["spec"]["nodeName"] = "n1"
+        pods.upsert(p)
+    kube = DeletingKube(pods)
+    sync = WorkloadSync(
+        kube,  # type: ignore[arg-type]
+        config=CONFIG,
+        pods=SimpleNamespace(store=pods),  # type: ignore[arg-type]
+        slurm=SimpleNamespace(client=slurm, informer=SimpleNamespace(poke=lambda: None)),  # type: ignore[arg-type]
+        watch=JobWatch(slurm, on_change=lambda _: None),  # type: ignore[arg-type]
+        recorder=SimpleNamespace(event=lambda *a, **k: None),  # type: ignore[arg-type]
+    )
+    return sync, slurm, kube, pods, job_id
+
+
+class DeletingKube(FakeKube):
+    def __init__(self, pods: Store) -> None:
+        super().__init__(pods)
+        self.deleted: list[str] = []
+
+    async def get(self, _res: Any, name: str, ns: str | None = None) -> JSON:
+        pod = self.pods.get(f"{ns}/{name}")
+        if pod is None:
+            raise rest.ApiError(404, "NotFound", name)
+        return pod
+
+    async def delete(self, _res: Any, name: str, ns: str, **_kw: Any) -> JSON:
+        self.deleted.append(f"{ns}/{name}")
+        return {}
+
+
+async def test_a_failed_pod_of_a_group_ends_the_job_and_a_succeeded_one_does_not() -> None:
+    sync, slurm, _kube, pods, job_id = workload_setup(group_pods(2))
+    pods.get("ns/g-0")["status"]["phase"] = "Succeeded"  # type: ignore[index]
+    await sync.reconcile("ns/g-0")
+    assert slurm.cancelled == []  # g-1 still runs: the job is its too
+    pods.get("ns/g-1")["status"]["phase"] = "Failed"  # type: ignore[index]
+    await sync.reconcile("ns/g-1")
+    assert slurm.cancelled == [job_id]
+
+    sync, slurm, _kube, pods, job_id = workload_setup(group_pods(2))
+    pods.get("ns/g-0")["status"]["phase"] = "Failed"  # type: ignore[index]
+    await sync.reconcile("ns/g-0")
+    assert slurm.cancelled == [job_id]  # g-1 runs, yet the gang is over
+
+
+async def test_an_unbound_group_pod_set_free_of_a_cancelled_job_is_not_deleted() -> None:
+    sync, slurm, kube, pods, job_id = workload_setup(group_pods(2))
+    slurm.jobs[job_id]["job_state"] = ["CANCELLED"]
+    cached = pods.get("ns/g-0")
+    assert cached is not None
+    cached["spec"]["nodeName"] = ""
+    # The live pod lost its label (the scheduler freed it) while the cache still shows it.
+    live = {**cached, "metadata": {**cached["metadata"], "labels": {}}}
+    kube.get = lambda *_a, **_k: asyncio.sleep(0, live)  # type: ignore[method-assign]
+    await sync.reconcile("ns/g-0")
+    assert kube.deleted == []
+    await sync.reconcile("ns/g-1")  # bound: deleted with its job
+    assert kube.deleted == ["ns/g-1"]
