@@ -14,8 +14,8 @@ all at once or not at all. A pod's group is, in this order:
   - a LeaderWorkerSet: one group per replica (the pods sharing the label
     `leaderworkerset.sigs.k8s.io/group-key`, as LeaderWorkerSet v0.8 names it),
     N = `spec.leaderWorkerTemplate.size`. Its `startupPolicy` must be `LeaderCreated` (the
-    default): with `LeaderReady` the workers are made only once the leader runs, which a
-    gang never does alone;
+    default) and it must not ask for exclusive topology: either way the workers are made only
+    once the leader runs or is bound, which a gang's leader never is alone;
   - a JobSet annotated `slurmjob.slinky.slurm.net/gang: "true"`: one group per replicated
     job (per restart attempt), N = replicas x parallelism;
   - a batch/v1 Job annotated `slurmjob.slinky.slurm.net/gang: "true"`: one group, N =
@@ -58,6 +58,7 @@ PODGROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 LWS_HASH = "leaderworkerset.sigs.k8s.io/group-key"
 LWS_GROUP_INDEX = "leaderworkerset.sigs.k8s.io/group-index"
 LWS_WORKER_INDEX = "leaderworkerset.sigs.k8s.io/worker-index"
+LWS_EXCLUSIVE = "leaderworkerset.sigs.k8s.io/exclusive-topology"
 JOBSET_RJOB = "jobset.sigs.k8s.io/replicatedjob-name"
 JOBSET_RESTARTS = "jobset.sigs.k8s.io/restart-attempt"
 JOBSET_JOB_INDEX = "jobset.sigs.k8s.io/job-index"
@@ -78,6 +79,7 @@ OWNERS: dict[tuple[str, str], rest.Resource] = {
     ("", "Pod"): rest.PODS,  # an LWS worker's StatefulSet is owned by its leader pod
 }
 MAX_DEPTH = 6
+NOT_FOUND_TTL_S = 2.0
 
 
 class GroupProblem(ValueError):
@@ -242,15 +244,19 @@ class GroupResolver:
             if obj is None or not uid or _meta(obj).get("uid") == uid:
                 return obj
         self.reads += 1
+        at = now
         try:
             obj = await self.kube.get(res, name, ns)
         except rest.ApiError as e:
             if e.code == 403:
                 log.info("%s %s/%s: not readable by the bridge; skipped", res.kind, ns, name)
-            elif not e.not_found:
+            elif e.not_found:
+                # Soon asked again: a PodGroup is often created just after its pods.
+                at = now - self.ttl + NOT_FOUND_TTL_S
+            else:
                 raise
             obj = None
-        self._cache[key] = (now, obj)
+        self._cache[key] = (at, obj)
         if len(self._cache) > 4096:  # bounded: drop what expired
             for k in [k for k, (at, _) in self._cache.items() if now - at >= self.ttl]:
                 del self._cache[k]
@@ -352,6 +358,13 @@ class GroupResolver:
                 f"LeaderWorkerSet {ns}/{name}: spec.startupPolicy LeaderReady makes the workers "
                 "only once the leader runs, and a group starts whole or not at all; use "
                 "LeaderCreated",
+            )
+        if LWS_EXCLUSIVE in (_meta(lws).get("annotations") or {}):
+            raise GroupProblem(
+                "InvalidGroup",
+                f"LeaderWorkerSet {ns}/{name}: annotation {LWS_EXCLUSIVE} makes the workers "
+                "only once the leader is bound, and a group is bound whole or not at all; "
+                "Slurm gives every pod of the group a node of its own anyway",
             )
         template = (lws.get("spec") or {}).get("leaderWorkerTemplate") or {}
         size = _count(lws, "spec.leaderWorkerTemplate.size", template.get("size"), default=1)
