@@ -160,10 +160,10 @@ def reason(pod: JSON) -> str:
 
 
 async def wait_all_bound(
-    env: BridgeEnv, ns: str, selector: str, n: int, timeout: float
+    env: BridgeEnv, ns: str, selector: str, n: int, timeout: float, *, per_job: int = 0
 ) -> list[JSON]:
-    """Every one of the `n` pods bound, checked each time: never some bound while others
-    have no job allocated (all or nothing)."""
+    """Every one of the `n` pods bound, checked each time: a pod is bound only once its
+    group's job of `per_job` nodes (default `n`) is allocated whole (all or nothing)."""
 
     async def bound() -> list[JSON] | None:
         pods = await labelled(env, ns, selector)
@@ -173,7 +173,7 @@ async def wait_all_bound(
         for p in on:  # a bound pod: the job of its group is allocated whole
             job = await env.slurm.get_job(int(p["metadata"]["labels"][SLURM_JOBID]))
             assert job.is_running or job.is_finished, (p["metadata"]["name"], job.state)
-            assert len(expand_hostlist(job.nodes)) == n, job.nodes
+            assert len(expand_hostlist(job.nodes)) == (per_job or n), job.nodes
         return None
 
     return await wait_for(
@@ -532,7 +532,7 @@ async def test_each_leaderworkerset_replica_runs_as_one_slurm_job_and_deleting_i
     }
     await env.kube.create(LWS, lws, ns)
     selector = f"{LWS_NAME}={name}"
-    pods = await wait_all_bound(env, ns, selector, 4, timeout=180)
+    pods = await wait_all_bound(env, ns, selector, 4, timeout=180, per_job=2)
     jobs = []
     for index in ("0", "1"):
         replica = [p for p in pods if p["metadata"]["labels"].get(LWS_GROUP_INDEX) == index]
