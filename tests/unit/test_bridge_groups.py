@@ -125,6 +125,21 @@ async def test_a_leaderworkerset_replica_is_one_group_of_size_pods() -> None:
     )  # fmt: skip
 
 
+async def test_a_leaderworkerset_whose_workers_wait_for_a_placed_leader_is_refused() -> None:
+    for spec, meta in (
+        ({"startupPolicy": "LeaderReady"}, {}),
+        ({}, {"annotations": {groups.LWS_EXCLUSIVE: "kubernetes.io/hostname"}}),
+    ):
+        lws = {"metadata": {"name": "lws", "namespace": "ns", "uid": "lu", **meta},
+               "spec": {"leaderWorkerTemplate": {"size": 2}, **spec}}  # fmt: skip
+        kube = Owners({("leaderworkersets", "lws"): lws})
+        pod = owned(make_pod("lws-0", "lp"), "LeaderWorkerSet", "lws", "lu",
+                    "leaderworkerset.x-k8s.io/v1")  # fmt: skip
+        pod["metadata"]["labels"] = {groups.LWS_HASH: "abc"}
+        with pytest.raises(GroupProblem, match=r"a group is bound whole|starts whole"):
+            await resolve(pod, kube)
+
+
 async def test_an_owner_the_bridge_may_not_read_is_skipped() -> None:
     kube = Owners({("jobs", "j"): job("j", "ju", gang="true", parallelism=2)}, frozenset({"jobs"}))
     pod = owned(make_pod("p", "u"), "Job", "j", "ju", "batch/v1")

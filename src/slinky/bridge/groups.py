@@ -24,8 +24,9 @@ all at once or not at all. A pod's group is, in this order:
     job per pod (as upstream).
 
 An owner the bridge may not read (no RBAC, or already gone) ends the walk where it is, as if
-the chain stopped there: it is skipped, never a failure. Owners are read once and cached for
-`ttl` seconds, by UID, so a pod's group costs no request once one pod of it was seen.
+the chain stopped there: it is skipped, never a failure. Owners are read one by one (`GET`,
+never a list) and cached for `ttl` seconds (checked against the owner reference's UID), so
+the pods of a group after the first cost no request.
 
 The group's `slurmjob.slinky.slurm.net/*` annotations are read from its root object (the
 PodGroup, LeaderWorkerSet, JobSet or Job), as upstream does, over the pods' own.
