@@ -556,9 +556,9 @@ async def test_each_leaderworkerset_replica_runs_as_one_slurm_job_and_deleting_i
     used = [n for j in jobs for n in expand_hostlist(j.nodes)]
     assert sorted(used) == sorted(gang_nodes.all)  # four distinct nodes
     await env.kube.delete(LWS, name, ns, propagation="Background")
+    await cleanup(env, ns, selector)  # the kubelets (kwok: the test) report the pods ended
     for job in jobs:
         assert (await job_ended(env, job.job_id, timeout=120)).state == ["CANCELLED"]
-    await cleanup(env, ns, selector)
 
 
 # ---------------------------------------------------------------- Kubernetes 1.36 PodGroup
