@@ -77,7 +77,13 @@ async def group(kube: rest.Kube, binds: Bindings, n: int, *, bridge: bool) -> fl
         pod["metadata"]["labels"][PODGROUP_LABEL] = name
         pods.append(pod)
     start = time.monotonic()
-    await kube.create(PODGROUPS, {"metadata": {"name": name}, "spec": {"minMember": n}}, NS)
+    podgroup = {
+        "apiVersion": PODGROUPS.api_version,
+        "kind": PODGROUPS.kind,
+        "metadata": {"name": name},
+        "spec": {"minMember": n},
+    }
+    await kube.create(PODGROUPS, podgroup, NS)
     await create_all(kube, pods)
     names = [p["metadata"]["name"] for p in pods]
 
