@@ -600,3 +600,74 @@ async def test_a_kubernetes_podgroup_with_a_gang_policy_runs_as_one_slurm_job(
     assert (await job_ended(env, job.job_id, timeout=60)).state == ["CANCELLED"]
     await cleanup(env, ns, selector)
     await env.kube.delete(K8S_PODGROUPS, name, ns)
+
+
+# ---------------------------------------------------------------- before allocation
+
+
+async def test_a_pod_leaving_a_pending_group_cancels_its_job_and_the_group_waits_again(
+    bridge: BridgeEnv, gang_nodes: GangNodes
+) -> None:
+    """A group whose job Slurm keeps pending (more CPUs per node than any node has): one pod
+    deleted cancels the job; the other pod is not deleted, it waits for a whole group again,
+    and a new pod makes the group whole: a new job."""
+    env, ns = bridge, bridge.managed_namespace
+    group = f"pgp-{uuid.uuid4().hex[:6]}"
+    await env.kube.create(
+        PODGROUPS, podgroup(group, 2, {SLURMJOB_PREFIX + "cpu-per-task": "64"}), ns
+    )
+    for i in range(2):
+        await env.kube.create(rest.PODS, group_pod(f"{group}-{i}", group, ["sleep", "600"]), ns)
+    selector = f"{PODGROUP_LABEL}={group}"
+
+    async def one_pending_job() -> int | None:
+        pods = await labelled(env, ns, selector)
+        ids = {(p["metadata"].get("labels") or {}).get(SLURM_JOBID) for p in pods}
+        if len(pods) != 2 or None in ids or len(ids) != 1:
+            return None
+        return int(str(ids.pop()))
+
+    first = await wait_for(one_pending_job, timeout=60, what="one job for the group")
+    assert (await env.slurm.get_job(first)).is_pending
+    await env.kube.delete(rest.PODS, f"{group}-0", ns)
+    assert (await job_ended(env, first, timeout=60)).state == ["CANCELLED"]
+
+    async def waits_again() -> JSON | None:
+        pod = await get_pod(env, f"{group}-1", ns)
+        labels = (pod or {}).get("metadata", {}).get("labels") or {}
+        return (
+            pod if pod and SLURM_JOBID not in labels and reason(pod) == "WaitingForGroup" else None
+        )
+
+    await wait_for(waits_again, timeout=60, what="the other pod waits for its group again")
+    await env.kube.create(rest.PODS, group_pod(f"{group}-2", group, ["sleep", "600"]), ns)
+    second = await wait_for(one_pending_job, timeout=60, what="a new job for the whole group")
+    assert second != first and (await env.slurm.get_job(second)).is_pending
+    await cleanup(env, ns, selector)
+    assert (await job_ended(env, second, timeout=60)).state == ["CANCELLED"]
+    await env.kube.delete(PODGROUPS, group, ns)
+
+
+async def test_a_group_larger_than_the_managed_nodes_is_not_submitted_and_says_why(
+    bridge: BridgeEnv, gang_nodes: GangNodes
+) -> None:
+    env, ns = bridge, bridge.managed_namespace
+    group = f"pgl-{uuid.uuid4().hex[:6]}"
+    n = len(gang_nodes.all) + 1
+    await env.kube.create(PODGROUPS, podgroup(group, n), ns)
+    for i in range(n):
+        pod = group_pod(f"{group}-{i}", group, ["sleep", "600"], kwok=True)
+        await env.kube.create(rest.PODS, pod, ns)
+    selector = f"{PODGROUP_LABEL}={group}"
+
+    async def all_unfit() -> list[JSON] | None:
+        pods = await labelled(env, ns, selector)
+        ok = len(pods) == n and all(reason(p) == "NoManagedNodeFits" for p in pods)
+        return pods if ok else None
+
+    pods = await wait_for(all_unfit, timeout=60, what="every pod NoManagedNodeFits")
+    message = conditions.find(pods[0]["status"]["conditions"], "PodScheduled")["message"]  # type: ignore[index]
+    assert f"needs {n} nodes at once" in message, message
+    assert all(SLURM_JOBID not in (p["metadata"].get("labels") or {}) for p in pods)
+    await cleanup(env, ns, selector)
+    await env.kube.delete(PODGROUPS, group, ns)

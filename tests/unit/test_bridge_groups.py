@@ -349,3 +349,21 @@ async def test_an_unbound_group_pod_set_free_of_a_cancelled_job_is_not_deleted()
     assert kube.deleted == []
     await sync.reconcile("ns/g-1")  # bound: deleted with its job
     assert kube.deleted == ["ns/g-1"]
+
+
+async def test_a_restart_after_the_group_job_was_submitted_finds_it_and_makes_no_other() -> None:
+    """The scheduler stopped after Slurm took the group's job, before any label: started
+    again, it finds the job by its admin_comment and places both pods through it."""
+    sync, slurm, kube, pods = gang_setup(2)
+    members = group_pods(2)
+    for p in members:
+        pods.upsert(p)
+    root = await GroupResolver(kube).resolve(members[0])  # type: ignore[arg-type]
+    assert root is not None
+    job_id = await slurm.submit_job(groups.job_description(members, root, CONFIG))
+    assert await sync.recover() == 2
+    slurm.allocate(job_id, "n[1-2]")
+    for p in members:
+        await sync.reconcile(f"ns/{p['metadata']['name']}")
+    assert list(slurm.jobs) == [job_id]
+    assert kube.bound == {"ns/g-0": "n1", "ns/g-1": "n2"}
