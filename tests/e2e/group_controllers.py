@@ -149,17 +149,23 @@ async def start(
         async with httpx2.AsyncClient(timeout=2) as http:
             return (await http.get(f"http://127.0.0.1:{probe_port}/readyz")).status_code == 200
 
-    await wait_for(ready, timeout=120, what=f"{name} controller ready", ignore=(httpx2.HTTPError,))
-    configurations = webhook_configurations(
-        name,
-        version,
-        instance=f"slinky-e2e-{name}-{namespace[-6:]}",
-        port=webhook_port,
-        ca=(work / f"{name}-ca" / "ca.crt").read_bytes(),
-        namespace=namespace,
-    )
-    controller.webhooks = [c["metadata"]["name"] for c in configurations]
-    await register_webhooks(kube, configurations)
+    try:
+        await wait_for(
+            ready, timeout=120, what=f"{name} controller ready", ignore=(httpx2.HTTPError,)
+        )
+        configurations = webhook_configurations(
+            name,
+            version,
+            instance=f"slinky-e2e-{name}-{namespace[-6:]}",
+            port=webhook_port,
+            ca=(work / f"{name}-ca" / "ca.crt").read_bytes(),
+            namespace=namespace,
+        )
+        controller.webhooks = [c["metadata"]["name"] for c in configurations]
+        await register_webhooks(kube, configurations)
+    except BaseException:
+        await stop(kube, controller)  # never left running by a failed start
+        raise
     return controller
 
 
