@@ -43,9 +43,11 @@ lock:
 		--python-version 3.11 --no-header --quiet -o $(LOCK)
 
 ## Build or reuse the cached test bed: Kubernetes binaries (control plane, kubelet, kube-proxy),
-## kwok, helm, etcd, containerd, runc, CNI plugins, CoreDNS, pause, the Slurm root.
+## kwok, helm, etcd, containerd, runc, CNI plugins, CoreDNS, pause, the Slurm root; and the
+## JobSet and LeaderWorkerSet controllers the slurm-bridge gang tests run.
 testbed-build: venv
 	$(BIN)/slinky testbed build
+	bash hack/build-groups.sh
 
 ## OCI image archives (Slurm, Slinky) in ~/.cache/slinky/images, no registry or daemon needed;
 ## rebuilt only when their inputs change. Import with `ctr -n k8s.io images import <archive>`.

@@ -30,8 +30,11 @@ import yaml
 
 from slinky_testbed import nodes, paths, pki, procs, slurmconf
 
-# minReplicas: 0 on a HorizontalPodAutoscaler (issue 13)
-FEATURE_GATES = "HPAScaleToZero=true"
+# minReplicas: 0 on a HorizontalPodAutoscaler (issue 13); Kubernetes' own workload-aware
+# scheduling objects, scheduling.k8s.io/v1alpha2 PodGroup/Workload (issue 14: slurm-bridge
+# gangs), with the alpha API version they are served in.
+FEATURE_GATES = "HPAScaleToZero=true,GenericWorkload=true"
+RUNTIME_CONFIG = "scheduling.k8s.io/v1alpha2=true"
 KUBE_BINARIES = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 ADMIN_USER = "slinky-admin"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
@@ -909,6 +912,7 @@ class Testbed:
             f"--proxy-client-key-file={k / (pki.FRONT_PROXY_CLIENT + '.key')}",
             "--enable-aggregator-routing=true",
             f"--feature-gates={FEATURE_GATES}",
+            f"--runtime-config={RUNTIME_CONFIG}",
         ]
 
 

@@ -35,6 +35,10 @@ MANAGED_NODE_TAINT = "slinky.slurm.net/managed-node"
 BRIDGE_NODE_LABEL = "testbed.slinky.slurm.net/bridge"
 
 Kubectl = Callable[..., str]
+GANG_EXAMPLE = Path(__file__).resolve().parents[2] / "config/groups/example-gang.yaml"
+PODGROUP_CRD = (
+    Path(__file__).resolve().parents[2] / "config/groups/scheduling.x-k8s.io_podgroups.yaml"
+)
 
 
 def config(bed: Testbed) -> dict[str, object]:
@@ -87,11 +91,15 @@ def start(bed: Testbed, config_path: Path, cert: tuple[Path, Path]) -> int:
 
 
 def bridge_nodes(kubectl: Kubectl) -> list[str]:
+    """The real node set aside for the bridge and the kwok nodes: at least two, so a gang
+    (one Slurm job of several nodes) can be tried."""
+    names: list[str] = []
     for selector in (BRIDGE_NODE_LABEL, "type=kwok"):
-        names = kubectl("get", "nodes", "-l", selector, "-o", "name").split()
-        if names:
-            return [n.removeprefix("node/") for n in names]
-    return []
+        names += [
+            n.removeprefix("node/")
+            for n in kubectl("get", "nodes", "-l", selector, "-o", "name").split()
+        ]
+    return names
 
 
 def give_internal_ip(kubectl: Kubectl, node: str) -> None:
@@ -152,6 +160,8 @@ def setup(bed: Testbed) -> None:
         check=True,
     ).stdout
     kubectl("apply", "--server-side", "--field-manager=slinky-dev", "-f", "-", stdin=webhooks)
+    # The scheduler-plugins PodGroup CRD, so a gang can be tried (see the README).
+    kubectl("apply", "--server-side", "--field-manager=slinky-dev", "-f", str(PODGROUP_CRD))
     names = bridge_nodes(kubectl)
     for node in names:
         give_internal_ip(kubectl, node)
@@ -164,7 +174,9 @@ def setup(bed: Testbed) -> None:
     {s} sinfo -p slurm-bridge -N -o "%N %T %f"          # the bridge's EXTERNAL nodes
     {k} -n {MANAGED_NAMESPACE} run demo --image={nodes.image_ref("slurm")} -- sleep 30
     {s} squeue -p slurm-bridge -o "%i %j %T %N"         # its placeholder job
-    {k} -n {MANAGED_NAMESPACE} get pod demo -o wide     # Running on the node Slurm chose""")
+    {k} -n {MANAGED_NAMESPACE} get pod demo -o wide     # Running on the node Slurm chose
+    {k} -n {MANAGED_NAMESPACE} apply -f {GANG_EXAMPLE}   # a gang: 2 pods, one Slurm job
+    {s} squeue -p slurm-bridge -o "%i %j %T %D %N"      # one job, two nodes""")
 
 
 def kubectl_for(bed: Testbed) -> Kubectl:

@@ -13,6 +13,7 @@ from slinky_testbed.bed import Testbed
 from slinky_testbed.slurmrest import SlurmRest
 from slinky_testbed.waiting import wait_for
 from tests.e2e.bridge_fixtures import bridge, bridge_env
+from tests.e2e.group_controllers import group_controllers
 from tests.e2e.nodeset_fixtures import env
 from tests.e2e.operator_fixtures import crds, operator, operator_session
 from tests.e2e.workers import worker_bed_dir
@@ -86,4 +87,13 @@ async def namespace(kube: rest.Kube, request: pytest.FixtureRequest) -> AsyncIte
     await kube.delete(rest.NAMESPACES, name)
 
 
-__all__ = ["bridge", "bridge_env", "crds", "env", "operator", "operator_session", "wait_for"]
+__all__ = [
+    "bridge",
+    "bridge_env",
+    "crds",
+    "env",
+    "group_controllers",
+    "operator",
+    "operator_session",
+    "wait_for",
+]

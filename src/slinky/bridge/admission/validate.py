@@ -24,6 +24,7 @@ SLURMJOB_KEYS: dict[str, str] = {
     "constraints": "text",
     "cpu-per-task": "int>=1",
     "exclusive": "bool",
+    "gang": "bool",
     "gres": "text",
     "group-id": "int>=0",
     "job-name": "text",

@@ -71,6 +71,7 @@ def build(
     )
     queue = PriorityWorkQueue(NAME, rank=lambda key: pod_rank(pods.store.get(key)))
     ctrl = Controller(NAME, sync, workers=workers, queue=queue)
+    sync.gangs.enqueue = ctrl.enqueue
 
     def waits(old: JSON | None, new: JSON) -> bool:
         return sync.schedulable(new) or (old is not None and sync.schedulable(old))

@@ -32,7 +32,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from slinky.bridge import constraints, placeholder, podcontrol
+from slinky.bridge import constraints, groups, placeholder, podcontrol
 from slinky.bridge.config import BridgeConfig
 from slinky.bridge.connection import SlurmConnection
 from slinky.bridge.jobwatch import JobWatch
@@ -40,6 +40,7 @@ from slinky.bridge.labels import REPLACED_JOB, SLURM_JOBID
 from slinky.bridge.nodes.controller import BY_SLURM_NAME
 from slinky.bridge.nudge import nudge
 from slinky.bridge.scheduler import exclusion
+from slinky.bridge.scheduler.gang import GangScheduler
 from slinky.kube import events, rest
 from slinky.kube.controller import DONE, Result
 from slinky.kube.informer import Informer
@@ -140,6 +141,8 @@ class SchedulerSync:
         # Pod UID -> the job submitted to replace its job, until the pod is relabelled.
         self.replacements: dict[str, int] = {}
         PODS_PENDING.set_function(lambda: len(self.waits_on) + len(self.unfit))
+        # Pods that Slurm starts together (PodGroup, LeaderWorkerSet, gang Job/JobSet).
+        self.gangs = GangScheduler(self, groups.GroupResolver(kube))
 
     # ------------------------------------------------------------ which pods
 
@@ -167,6 +170,7 @@ class SchedulerSync:
         pod = self.pods.store.get(key)
         if pod is None or not self.schedulable(pod):
             self.forget(key)
+            await self.gangs.left(key, pod)
             await self.resolve_uncertain(key, pod)
             await self.drop_unlabelled(key, pod)
             return DONE
@@ -175,6 +179,12 @@ class SchedulerSync:
         if earlier is not None and earlier[0] != uid:
             # A pod of the same name created anew: the job of the one before is no one's.
             await self.drop_unlabelled(key, pod)
+        try:
+            group = await self.gangs.group(pod)
+        except groups.GroupProblem as p:
+            return await self.gangs.problem(pod, p)
+        if group is not None:
+            return await self.gangs.reconcile(pod, group)
         job_id = podcontrol.job_id_of(pod)
         if job_id is not None:
             self.submitted.pop(uid, None)

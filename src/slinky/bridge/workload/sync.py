@@ -12,6 +12,16 @@ steps. Slurm is the source of truth for what runs on managed nodes:
                      event naming the job's state (after one read of the live pod: a pod
                      the scheduler just relabelled with a replacement job is left alone).
 
+A group's job (one job for the pods of a PodGroup, LeaderWorkerSet replica, gang Job or
+JobSet, see `groups`) follows the same rules, with one more: a pod of the group that *fails*
+ends the job at once, so every other pod of the group is deleted with it. A gang runs all
+its pods or none, and the owners restart a gang as a whole (LeaderWorkerSet recreates the
+group, JobSet's failure policy restarts its jobs, a Job makes new pods, which form a new
+group and get a new job). A pod that succeeds leaves the job to the others; the last one to
+end it cancels it. An unbound pod of a group whose pending job was cancelled because another
+pod left (the scheduler removes its job-id label first) is not deleted: the live pod is
+read before any pod is deleted for its job.
+
 `cancel_orphans` runs once at start: a live job of ours whose pods are all gone (confirmed
 by the apiserver, not only the cache) is cancelled.
 """
@@ -41,6 +51,12 @@ BY_JOB = "slurm-jobid"
 def index_job(pod: JSON) -> list[str]:
     job_id = podcontrol.job_id_of(pod)
     return [str(job_id)] if job_id is not None else []
+
+
+def is_group_job(job: Job) -> bool:
+    """The job stands for more than one pod (a group's job)."""
+    comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
+    return comment is not None and len(comment.pods) > 1
 
 
 def state_of(job: Job | None) -> str:
@@ -114,12 +130,18 @@ class WorkloadSync:
             uid=uid,
         )
 
-    async def cancel(self, job_id: int, key: str, why: str, uid: str = "") -> None:
-        if self.others_running(job_id, key):
+    async def cancel(
+        self, job_id: int, key: str, why: str, uid: str = "", *, failed: bool = False
+    ) -> None:
+        """Cancel the job unless another pod of it still runs; `failed`: the pod failed,
+        which ends a group's job whatever its other pods do."""
+        if not failed and self.others_running(job_id, key):
             return
         job = await self.job(job_id)
         if job is None or job.is_finished:
             self.watch.untrack(job_id)
+            return
+        if failed and self.others_running(job_id, key) and not is_group_job(job):
             return
         if not self.owns(job, key, uid):
             log.warning(
@@ -159,7 +181,9 @@ class WorkloadSync:
         key = placeholder.pod_key(pod)
         phase = (pod.get("status") or {}).get("phase") or "Pending"
         why = f"pod {key} is {phase}" + (" and deleted" if podcontrol.is_deleting(pod) else "")
-        await self.cancel(job_id, key, why, str(pod["metadata"].get("uid") or ""))
+        await self.cancel(
+            job_id, key, why, str(pod["metadata"].get("uid") or ""), failed=phase == "Failed"
+        )
         await podcontrol.remove_finalizer(self.kube, pod)
         return DONE
 
@@ -180,7 +204,9 @@ class WorkloadSync:
             )
             return DONE
         if not await self.still_names(pod, job_id):
-            return DONE  # relabelled with a new job (the scheduler replaced this one)
+            # Relabelled with a new job (the scheduler replaced this one), or a group pod set
+            # free of a cancelled pending job: it waits again.
+            return DONE
         state = state_of(job)
         message = f"Slurm job {job_id} is {state}: deleting the pod"
         log.info("pod %s: %s", key, message)
@@ -190,8 +216,8 @@ class WorkloadSync:
 
     async def still_names(self, pod: JSON, job_id: int) -> bool:
         """Whether the live pod still carries `job_id` (the cache may lag a relabelling by
-        the scheduler, which replaces a job before cancelling it): one read, only before
-        a deletion."""
+        the scheduler, which replaces a job before cancelling it, or the freeing of a group
+        pod from a cancelled pending job): one read, only before a deletion."""
         name, ns, uid = podcontrol.name_ns_uid(pod)
         try:
             live = await self.kube.get(rest.PODS, name, ns)

@@ -1,0 +1,369 @@
+"""The scheduler's steps for a pod that belongs to a group (see `groups`): all or nothing.
+
+1. `wait`    — a group with fewer waiting pods than it needs submits nothing: each pod says
+               PodScheduled=False, `WaitingForGroup`, "k of N pods";
+2. `submit`  — once N pods wait, one placeholder job for the first N (in rank order) with
+               `minimum_nodes = maximum_nodes = N`, one task per node, nodes no member may
+               use excluded; each pod is labelled with the job id and gets the finalizer.
+               Pods beyond N wait for the next N;
+3. `place`   — no pod is bound before Slurm allocated the whole job; then pod i (rank order,
+               as listed in the job's admin_comment) is annotated with the i-th Slurm node
+               of the job's node list and bound to its Kubernetes node: N distinct nodes,
+               all at once. Should a node have no Kubernetes node yet, none is bound;
+4. `left`    — a pod of a group that leaves (deleted, failed) before its job was allocated:
+               the other pods' job-id labels are removed first, then the pending job is
+               cancelled, and the group waits for N pods again (the owner's controller
+               usually makes a new pod). A running job is the workload controller's.
+
+Restart-safe like the single-pod path: the job id is remembered from Slurm's answer for
+every member (`SchedulerSync.submitted`) before the labels are written, and recovered at
+start from the job's admin_comment, which lists every member's UID.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from slinky.bridge import groups, placeholder, podcontrol
+from slinky.bridge.groups import Group
+from slinky.bridge.labels import SLURM_JOBID, SLURM_NODE
+from slinky.kube import events, rest
+from slinky.kube.controller import DONE, Result
+from slinky.slurm import errors
+from slinky.slurm.models import expand_hostlist
+
+if TYPE_CHECKING:
+    from slinky.bridge.scheduler.sync import SchedulerSync
+
+log = logging.getLogger(__name__)
+
+JSON = dict[str, Any]
+PROBLEM_RECHECK_S = 10.0
+
+
+class GangScheduler:
+    def __init__(self, sync: SchedulerSync, resolver: groups.GroupResolver) -> None:
+        self.sync = sync
+        self.resolver = resolver
+        self.enqueue: Callable[[str], None] = lambda _key: None  # set by the controller
+        # Group key -> keys of its pods seen waiting; pod key -> its group.
+        self.members: dict[str, set[str]] = {}
+        self.group_of: dict[str, Group] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    # ------------------------------------------------------------ membership
+
+    async def group(self, pod: JSON) -> Group | None:
+        """The pod's group (None: on its own). A group that cannot be used raises
+        GroupProblem."""
+        return await self.resolver.resolve(pod)
+
+    def join(self, key: str, group: Group) -> None:
+        before = self.group_of.get(key)
+        if before is not None and before.key != group.key:
+            self._leave_set(key, before)
+        self.group_of[key] = group
+        self.members.setdefault(group.key, set()).add(key)
+
+    def _leave_set(self, key: str, group: Group) -> None:
+        keys = self.members.get(group.key)
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self.members[group.key]
+                self._locks.pop(group.key, None)
+
+    def waiting(self, group: Group) -> list[JSON]:
+        """The group's pods that still wait for a node, in rank order."""
+        pods = [self.sync.pods.store.get(k) for k in self.members.get(group.key, ())]
+        return sorted(
+            (p for p in pods if p is not None and self.sync.schedulable(p)), key=groups.rank
+        )
+
+    def job_of(self, pod: JSON) -> int | None:
+        return podcontrol.job_id_of(pod) or self.sync.submitted.get(str(pod["metadata"]["uid"]))
+
+    # ------------------------------------------------------------ reconcile
+
+    async def problem(self, pod: JSON, p: groups.GroupProblem) -> Result:
+        if await podcontrol.set_unschedulable(self.sync.kube, pod, p.reason, p.message):
+            self.sync.recorder.event(pod, events.WARNING, p.reason, p.message, action="Schedule")
+        return Result(requeue_after=PROBLEM_RECHECK_S)  # the group object may appear
+
+    async def reconcile(self, pod: JSON, group: Group) -> Result:
+        key = placeholder.pod_key(pod)
+        self.join(key, group)
+        lock = self._locks.setdefault(group.key, asyncio.Lock())
+        async with lock:
+            pod = self.sync.pods.store.get(key) or pod
+            if not self.sync.schedulable(pod):
+                return DONE
+            waiting = self.waiting(group)
+            if any(k in self.sync.uncertain for k in map(placeholder.pod_key, waiting)):
+                # A submission for the group may have reached Slurm unanswered: look first.
+                asked = {
+                    k: u for k, u in self.sync.uncertain.items() if k in self.members[group.key]
+                }
+                await self.sync.find_submitted(set(asked.values()))
+                for k in asked:
+                    self.sync.uncertain.pop(k, None)
+            job_id = self.job_of(pod)
+            if job_id is not None:
+                return await self.place(pod, group, job_id)
+            if any(self.job_of(p) is not None for p in waiting):
+                return await self.wait(
+                    pod,
+                    group,
+                    f"the pods of a job of {group.describe()} are being placed; "
+                    f"this pod waits for {group.size} more",
+                )
+            if len(waiting) < group.size:
+                return await self.wait(
+                    pod, group, f"{group.describe()} has {len(waiting)} of {group.size} pods"
+                )
+            return await self.submit(pod, group, waiting[: group.size])
+
+    async def wait(self, pod: JSON, group: Group, message: str) -> Result:
+        await podcontrol.set_unschedulable(self.sync.kube, pod, "WaitingForGroup", message)
+        return DONE  # the next pod of the group brings the group back
+
+    async def submit(self, pod: JSON, group: Group, members: list[JSON]) -> Result:
+        sync = self.sync
+        try:
+            desc = groups.job_description(members, group, sync.config)
+        except placeholder.PlaceholderProblem as p:
+            for m in members:
+                await podcontrol.set_unschedulable(sync.kube, m, p.reason, p.message)
+            sync.recorder.event(pod, events.WARNING, p.reason, p.message, action="Schedule")
+            return DONE
+        partition = str(desc["partition"])
+        excluded: set[str] = set()
+        allowed: set[str] | None = None
+        explain = ""
+        for m in members:
+            where = sync.placement(m, partition)
+            excluded.update(where.excluded)
+            allowed = set(where.allowed) if allowed is None else allowed & set(where.allowed)
+            explain = explain or (where.explain() if where.excluded else "")
+        if len(allowed or ()) < group.size:
+            message = (
+                f"{group.describe()} needs {group.size} nodes at once; "
+                f"{len(allowed or ())} managed nodes can take every pod of it"
+                + (f" ({explain})" if explain else "")
+            )
+            for m in members:
+                sync.unfit.add(placeholder.pod_key(m))
+                await podcontrol.set_unschedulable(sync.kube, m, "NoManagedNodeFits", message)
+            sync.recorder.event(
+                pod, events.WARNING, "NoManagedNodeFits", message, action="Schedule"
+            )
+            return DONE  # a node change brings the pods back
+        for m in members:
+            sync.unfit.discard(placeholder.pod_key(m))
+        if excluded:
+            desc["excluded_nodes"] = sorted(excluded)
+        try:
+            job_id = await sync.slurm.client.submit_job(desc)
+        except (errors.SlurmUnavailable, errors.SlurmAuthError):
+            for m in members:
+                sync.uncertain[placeholder.pod_key(m)] = str(m["metadata"]["uid"])
+            raise
+        except errors.SlurmError as e:
+            message = f"Slurm refused the placeholder job: {e}"
+            for m in members:
+                if m is not pod:
+                    await podcontrol.set_unschedulable(sync.kube, m, "SlurmRejected", message)
+            return await sync.rejected(pod, e)
+        for m in members:
+            uid = str(m["metadata"]["uid"])
+            sync.submitted[uid] = job_id
+            sync.unlabelled[placeholder.pod_key(m)] = (uid, job_id)
+        log.info(
+            "%s: submitted placeholder job %d for %d pods (%s)",
+            group.describe(),
+            job_id,
+            group.size,
+            partition,
+        )
+        for m in members:
+            await podcontrol.mark_submitted(sync.kube, m, job_id)
+        return await self.place(pod, group, job_id)
+
+    async def place(self, pod: JSON, group: Group, job_id: int) -> Result:
+        sync = self.sync
+        key = placeholder.pod_key(pod)
+        if podcontrol.job_id_of(pod) is None:
+            await podcontrol.mark_submitted(sync.kube, pod, job_id)
+        else:
+            self.labelled(pod)
+        sync.waiting[job_id] = key
+        sync.waits_on[key] = job_id
+        sync.watch.track(job_id)
+        job = await sync.job(job_id)
+        if job is None or job.is_finished:
+            return DONE  # the workload controller ends the pods with their job
+        comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
+        uid = str(pod["metadata"]["uid"])
+        if (
+            comment is None
+            or comment.scheduler != sync.config.scheduler_name
+            or comment.pods.get(key) not in (uid, "")
+        ):
+            await podcontrol.set_unschedulable(
+                sync.kube,
+                pod,
+                "NotBridgeJob",
+                f"Slurm job {job_id} in the pod's job-id label is not its placeholder job",
+            )
+            return DONE
+        ours = self.pods_of(comment, job_id)
+        allocated = expand_hostlist(job.nodes) if job.is_running else []
+        if not allocated:
+            state = "/".join(job.state) or "PENDING"
+            why = f" ({job.state_reason})" if job.state_reason not in ("", "None") else ""
+            message = f"Slurm job {job_id} for {len(comment.pods)} pods is {state}{why}"
+            for p in ours.values():
+                if p is not None and sync.schedulable(p):
+                    await podcontrol.set_unschedulable(sync.kube, p, "SlurmJobPending", message)
+            return DONE  # the job watch brings the pod back when the job changes
+        if len(allocated) < len(comment.pods):
+            log.warning("job %d: %d nodes for %d pods", job_id, len(allocated), len(comment.pods))
+            return DONE
+        nodes = {s: sync.kube_node(s) for s in allocated}
+        missing = [s for s, n in nodes.items() if n is None]
+        if missing:
+            message = (
+                f"Slurm job {job_id} was allocated Slurm nodes {', '.join(missing)}, which no "
+                "Kubernetes node stands for; no pod of the group is bound until every one does"
+            )
+            sync.recorder.event(pod, events.WARNING, "NodeNotFound", message, action="Bind")
+            return Result(requeue_after=5.0)
+        bound = 0
+        for i, member_key in enumerate(comment.pods):
+            p = ours.get(member_key)
+            if p is None or not sync.schedulable(p):
+                continue  # gone, or bound already
+            if await self.bind(p, job_id, allocated[i], str(nodes[allocated[i]])):
+                bound += 1
+        log.info(
+            "%s: bound %d pods (Slurm job %d on %s)", group.describe(), bound, job_id, job.nodes
+        )
+        for member_key in comment.pods:
+            sync.forget(member_key)
+        for other in list(self.members.get(group.key, ())):
+            if other not in comment.pods:
+                self.enqueue(other)  # pods beyond this job: their turn
+        return DONE
+
+    def labelled(self, pod: JSON) -> None:
+        """The pod's label names its job: no need to remember it any more."""
+        self.sync.submitted.pop(str(pod["metadata"]["uid"]), None)
+        self.sync.unlabelled.pop(placeholder.pod_key(pod), None)
+
+    def pods_of(self, comment: placeholder.Comment, job_id: int) -> dict[str, JSON | None]:
+        """The job's pods as cached, by key; None for one that is gone or another pod now."""
+        out: dict[str, JSON | None] = {}
+        for k, uid in comment.pods.items():
+            p = self.sync.pods.store.get(k)
+            same = p is not None and (not uid or str(p["metadata"].get("uid")) == uid)
+            labelled = p is not None and podcontrol.job_id_of(p) in (job_id, None)
+            out[k] = p if same and labelled else None
+        return out
+
+    async def bind(self, pod: JSON, job_id: int, slurm_node: str, node: str) -> bool:
+        sync = self.sync
+        if podcontrol.job_id_of(pod) is None:
+            await podcontrol.mark_submitted(sync.kube, pod, job_id)
+        if ((pod["metadata"].get("annotations")) or {}).get(SLURM_NODE) != slurm_node:
+            await podcontrol.annotate_node(sync.kube, pod, slurm_node)
+        try:
+            await podcontrol.bind(sync.kube, pod, node)
+        except rest.ApiError as e:
+            if e.not_found or e.conflict:
+                return False
+            raise
+        self.labelled(pod)
+        # Imported here: the sync module imports this one (its metrics are shared).
+        from slinky.bridge.scheduler.sync import BIND_LATENCY, PODS_BOUND
+        from slinky.bridge.scheduler.sync import _age as pod_age
+
+        age = pod_age(pod)
+        if age is not None:
+            BIND_LATENCY.observe(age)
+        PODS_BOUND.inc()
+        sync.recorder.event(
+            pod,
+            events.NORMAL,
+            "Scheduled",
+            f"Slurm job {job_id} allocated Slurm node {slurm_node} to this pod of its group; "
+            f"bound to node {node}",
+            action="Bind",
+        )
+        return True
+
+    # ------------------------------------------------------------ a pod leaves
+
+    async def left(self, key: str, pod: JSON | None) -> None:
+        """`key` no longer waits: bound (nothing to do), or gone before its job ran."""
+        group = self.group_of.pop(key, None)
+        if group is None:
+            return
+        self._leave_set(key, group)
+        if pod is not None and podcontrol.node_of(pod):
+            return
+        # The group's job is this step's to cancel, not the single-pod path's.
+        entry = self.sync.unlabelled.pop(key, None)
+        if entry is not None:
+            self.sync.submitted.pop(entry[0], None)
+        job_id = None if pod is None else podcontrol.job_id_of(pod)
+        if job_id is None and entry is not None:
+            job_id = entry[1]
+        others = self.waiting(group)
+        if job_id is None:
+            job_id = next((j for p in others if (j := self.job_of(p)) is not None), None)
+        if job_id is None:
+            for p in others:
+                self.enqueue(placeholder.pod_key(p))
+            return
+        job = await self.sync.job(job_id)
+        if job is None or job.is_finished or job.is_running:
+            return  # ended, or running: the workload controller's
+        comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
+        if comment is None or key not in comment.pods:
+            return
+        # Labels first: the workload controller deletes the pods of an ended job, and these
+        # pods are not done, they wait for a whole group again.
+        for p in others:
+            if (
+                podcontrol.job_id_of(p) == job_id
+                or self.sync.submitted.get(str(p["metadata"]["uid"])) == job_id
+            ):
+                await unlabel(self.sync.kube, p)
+                self.sync.submitted.pop(str(p["metadata"]["uid"]), None)
+                self.sync.unlabelled.pop(placeholder.pod_key(p), None)
+        await self.sync.slurm.client.cancel_job(job_id)
+        self.sync.watch.untrack(job_id)
+        log.info(
+            "job %d: cancelled: pod %s of %s left before the job was allocated; "
+            "the group waits for %d pods again",
+            job_id,
+            key,
+            group.describe(),
+            group.size,
+        )
+        for p in others:
+            self.enqueue(placeholder.pod_key(p))
+
+
+async def unlabel(kube: rest.Kube, pod: JSON) -> None:
+    name, ns, uid = podcontrol.name_ns_uid(pod)
+    try:
+        await kube.patch(
+            rest.PODS, name, {"metadata": {"uid": uid, "labels": {SLURM_JOBID: None}}}, ns
+        )
+    except rest.ApiError as e:
+        if not (e.not_found or e.conflict):
+            raise

@@ -1,0 +1,369 @@
+"""Pod groups: how a pod's group is found (labels, controller owners, what may not be read),
+what one job for a whole group looks like, and the scheduler's all-or-nothing steps against
+fakes of the apiserver and slurmrestd."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from slinky.bridge import groups, placeholder
+from slinky.bridge.config import parse_config
+from slinky.bridge.groups import GANG, Group, GroupProblem, GroupResolver
+from slinky.bridge.jobwatch import JobWatch
+from slinky.bridge.labels import SLURM_JOBID, SLURMJOB_PREFIX
+from slinky.bridge.workload.sync import BY_JOB, WorkloadSync, index_job
+from slinky.kube import rest
+from slinky.kube.store import Store
+from tests.unit.test_bridge_scheduler_sync import FakeKube, FakeSlurm, job_label, make_pod, setup
+
+JSON = dict[str, Any]
+CONFIG = parse_config({"partition": "bridge", "schedulerName": "s1"})
+
+
+class Owners:
+    """An apiserver that answers GETs of owners from a dict; 403 for `forbidden` paths."""
+
+    def __init__(
+        self, objects: dict[tuple[str, str], JSON], forbidden: frozenset[str] = frozenset()
+    ) -> None:
+        self.objects = objects
+        self.forbidden = forbidden
+        self.gets: list[str] = []
+
+    async def get(self, res: rest.Resource, name: str, ns: str | None = None) -> JSON:
+        path = res.path(ns, name)
+        self.gets.append(path)
+        if res.plural in self.forbidden:
+            raise rest.ApiError(403, "Forbidden", "no")
+        obj = self.objects.get((res.plural, name))
+        if obj is None:
+            raise rest.ApiError(404, "NotFound", path)
+        return obj
+
+
+def owned(obj: JSON, kind: str, name: str, uid: str, api_version: str) -> JSON:
+    obj.setdefault("metadata", {})["ownerReferences"] = [
+        {"apiVersion": api_version, "kind": kind, "name": name, "uid": uid, "controller": True}
+    ]
+    return obj
+
+
+def job(name: str, uid: str, *, gang: str | None = None, **spec: Any) -> JSON:
+    annotations = {GANG: gang} if gang is not None else {}
+    return {
+        "metadata": {"name": name, "namespace": "ns", "uid": uid, "annotations": annotations},
+        "spec": spec,
+    }
+
+
+async def resolve(pod: JSON, kube: Owners) -> Group | None:
+    return await GroupResolver(kube).resolve(pod)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- resolution
+
+
+async def test_a_bare_pod_and_a_job_without_the_annotation_are_on_their_own() -> None:
+    kube = Owners({("jobs", "j"): job("j", "ju", parallelism=2, completions=2)})
+    assert await resolve(make_pod("p", "u"), kube) is None
+    pod = owned(make_pod("p", "u"), "Job", "j", "ju", "batch/v1")
+    assert await resolve(pod, kube) is None
+
+
+async def test_a_gang_job_is_one_group_of_parallelism_pods() -> None:
+    kube = Owners({("jobs", "j"): job("j", "ju", gang="true", parallelism=3, completions=3)})
+    pod = owned(make_pod("j-0", "u"), "Job", "j", "ju", "batch/v1")
+    group = await resolve(pod, kube)
+    assert group is not None and (group.kind, group.size, group.name) == ("Job", 3, "ns/j")
+
+
+async def test_a_gang_job_must_start_every_pod_at_once() -> None:
+    kube = Owners({("jobs", "j"): job("j", "ju", gang="true", parallelism=2, completions=4)})
+    pod = owned(make_pod("j-0", "u"), "Job", "j", "ju", "batch/v1")
+    with pytest.raises(GroupProblem, match=r"spec.completions \(4\) must equal"):
+        await resolve(pod, kube)
+
+
+async def test_a_gang_jobset_is_one_group_per_replicated_job_and_restart() -> None:
+    jobset = {
+        "metadata": {"name": "js", "namespace": "ns", "uid": "jsu",
+                     "annotations": {GANG: "true"}},
+        "spec": {"replicatedJobs": [
+            {"name": "workers", "replicas": 2,
+             "template": {"spec": {"parallelism": 2, "completions": 2}}},
+        ]},
+    }  # fmt: skip
+    child = owned(job("js-workers-0", "ju"), "JobSet", "js", "jsu", "jobset.x-k8s.io/v1alpha2")
+    child["metadata"]["labels"] = {groups.JOBSET_RJOB: "workers", groups.JOBSET_RESTARTS: "1"}
+    kube = Owners({("jobs", "js-workers-0"): child, ("jobsets", "js"): jobset})
+    pod = owned(make_pod("p", "u"), "Job", "js-workers-0", "ju", "batch/v1")
+    group = await resolve(pod, kube)
+    assert group is not None and (group.kind, group.size) == ("JobSet", 4)
+    assert group.key.endswith("/workers/1") and group.name == "ns/js-workers"
+
+
+async def test_a_leaderworkerset_replica_is_one_group_of_size_pods() -> None:
+    lws = {"metadata": {"name": "lws", "namespace": "ns", "uid": "lu"},
+           "spec": {"leaderWorkerTemplate": {"size": 3}}}  # fmt: skip
+    leader_sts = owned({"metadata": {"name": "lws", "uid": "lsu"}}, "LeaderWorkerSet", "lws",
+                       "lu", "leaderworkerset.x-k8s.io/v1")  # fmt: skip
+    leader = owned(make_pod("lws-0", "lp"), "StatefulSet", "lws", "lsu", "apps/v1")
+    worker_sts = owned({"metadata": {"name": "lws-0", "uid": "wsu"}}, "Pod", "lws-0", "lp", "v1")
+    kube = Owners({
+        ("leaderworkersets", "lws"): lws, ("statefulsets", "lws"): leader_sts,
+        ("statefulsets", "lws-0"): worker_sts, ("pods", "lws-0"): leader,
+    })  # fmt: skip
+    worker = owned(make_pod("lws-0-1", "wp"), "StatefulSet", "lws-0", "wsu", "apps/v1")
+    worker["metadata"]["labels"] = {groups.LWS_HASH: "abc", groups.LWS_GROUP_INDEX: "0"}
+    group = await resolve(worker, kube)
+    assert group is not None and (group.kind, group.size, group.name) == (
+        "LeaderWorkerSet", 3, "ns/lws-0"
+    )  # fmt: skip
+
+
+async def test_a_leaderworkerset_whose_workers_wait_for_a_placed_leader_is_refused() -> None:
+    for spec, meta in (
+        ({"startupPolicy": "LeaderReady"}, {}),
+        ({}, {"annotations": {groups.LWS_EXCLUSIVE: "kubernetes.io/hostname"}}),
+    ):
+        lws = {"metadata": {"name": "lws", "namespace": "ns", "uid": "lu", **meta},
+               "spec": {"leaderWorkerTemplate": {"size": 2}, **spec}}  # fmt: skip
+        kube = Owners({("leaderworkersets", "lws"): lws})
+        pod = owned(make_pod("lws-0", "lp"), "LeaderWorkerSet", "lws", "lu",
+                    "leaderworkerset.x-k8s.io/v1")  # fmt: skip
+        pod["metadata"]["labels"] = {groups.LWS_HASH: "abc"}
+        with pytest.raises(GroupProblem, match=r"a group is bound whole|starts whole"):
+            await resolve(pod, kube)
+
+
+async def test_an_owner_the_bridge_may_not_read_is_skipped() -> None:
+    kube = Owners({("jobs", "j"): job("j", "ju", gang="true", parallelism=2)}, frozenset({"jobs"}))
+    pod = owned(make_pod("p", "u"), "Job", "j", "ju", "batch/v1")
+    assert await resolve(pod, kube) is None
+
+
+async def test_owners_are_read_once_for_all_pods_of_a_group() -> None:
+    kube = Owners({("jobs", "j"): job("j", "ju", gang="true", parallelism=2, completions=2)})
+    resolver = GroupResolver(kube)  # type: ignore[arg-type]
+    for i in range(5):
+        await resolver.resolve(owned(make_pod(f"p{i}", f"u{i}"), "Job", "j", "ju", "batch/v1"))
+    assert kube.gets == ["/apis/batch/v1/namespaces/ns/jobs/j"]
+
+
+async def test_a_podgroup_label_names_the_group_and_its_min_member() -> None:
+    pg = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"minMember": 2}}
+    pod = make_pod("p", "u")
+    pod["metadata"]["labels"] = {groups.PODGROUP_LABEL: "g"}
+    group = await resolve(pod, Owners({("podgroups", "g"): pg}))
+    assert group is not None and (group.kind, group.size) == ("PodGroup", 2)
+    with pytest.raises(GroupProblem, match=r"PodGroup ns/g .* does not exist"):
+        await resolve(pod, Owners({}))
+
+
+async def test_a_kubernetes_podgroup_with_a_gang_policy_is_a_group_and_basic_is_not() -> None:
+    pod = make_pod("p", "u")
+    pod["spec"]["schedulingGroup"] = {"podGroupName": "g"}
+    gang = {"metadata": {"name": "g", "namespace": "ns", "uid": "gu"},
+            "spec": {"schedulingPolicy": {"gang": {"minCount": 4}}}}  # fmt: skip
+    group = await resolve(pod, Owners({("podgroups", "g"): gang}))
+    assert group is not None and group.size == 4
+    basic = {"metadata": {"name": "g", "namespace": "ns"},
+             "spec": {"schedulingPolicy": {"basic": {}}}}  # fmt: skip
+    assert await resolve(pod, Owners({("podgroups", "g"): basic})) is None
+
+
+# ---------------------------------------------------------------- the job
+
+
+def test_one_job_for_a_group_has_n_nodes_one_task_each_and_names_every_pod_in_rank_order() -> None:
+    root = {"kind": "Job", "metadata": {"name": "j", "namespace": "ns", "annotations": {
+        SLURMJOB_PREFIX + "partition": "p2", GANG: "true"}},
+        "spec": {"activeDeadlineSeconds": 61}}  # fmt: skip
+    pods = []
+    for i, cpu in ((1, "3"), (0, "1")):
+        p = make_pod(f"j-{i}", f"u{i}")
+        p["metadata"]["labels"] = {groups.JOB_COMPLETION_INDEX: str(i)}
+        p["spec"]["containers"] = [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]
+        pods.append(p)
+    desc = groups.job_description(pods, Group("Job/ns/j", "Job", 2, root, "ns/j"), CONFIG)
+    assert (desc["minimum_nodes"], desc["maximum_nodes"], desc["tasks"]) == (2, 2, 2)
+    assert desc["tasks_per_node"] == 1 and desc["cpus_per_task"] == 3  # the largest pod
+    assert desc["partition"] == "p2" and desc["name"] == "ns/j"
+    assert desc["time_limit"] == {"set": True, "number": 2}  # the Job's deadline
+    comment = placeholder.read_comment(desc["admin_comment"])
+    assert comment is not None and list(comment.pods) == ["ns/j-0", "ns/j-1"]
+
+
+# ---------------------------------------------------------------- the scheduler's steps
+
+
+class GroupKube(FakeKube):
+    """Pods as FakeKube keeps them, a PodGroup to read, and label removal."""
+
+    def __init__(self, pods: Store, min_member: int) -> None:
+        super().__init__(pods)
+        self.podgroup = {"metadata": {"name": "g", "namespace": "ns"},
+                         "spec": {"minMember": min_member}}  # fmt: skip
+
+    async def get(self, res: rest.Resource, name: str, ns: str | None = None) -> JSON:
+        assert res.plural == "podgroups" and name == "g"
+        return self.podgroup
+
+    async def patch(self, res: Any, name: str, body: Any, ns: str, **kw: Any) -> JSON:
+        pod = await super().patch(res, name, body, ns, **kw)
+        labels = pod["metadata"]["labels"]
+        for k in [k for k, v in labels.items() if v is None]:
+            del labels[k]
+        return pod
+
+
+def group_pods(n: int) -> list[JSON]:
+    out = []
+    for i in range(n):
+        p = make_pod(f"g-{i}", f"u{i}")
+        p["metadata"]["labels"] = {groups.PODGROUP_LABEL: "g"}
+        out.append(p)
+    return out
+
+
+def gang_setup(min_member: int) -> Any:
+    sync, slurm, _kube, pods = setup()
+    kube = GroupKube(pods, min_member)
+    sync.kube = kube  # type: ignore[assignment]
+    sync.gangs.resolver = GroupResolver(kube)  # type: ignore[arg-type]
+    return sync, slurm, kube, pods
+
+
+async def test_a_group_waits_without_a_job_until_it_has_every_pod() -> None:
+    sync, slurm, kube, pods = gang_setup(2)
+    first = group_pods(2)[0]
+    pods.upsert(first)
+    await sync.reconcile("ns/g-0")
+    assert slurm.jobs == {} and kube.bound == {}
+
+
+async def test_a_whole_group_gets_one_job_and_binds_only_once_allocated_on_distinct_nodes() -> None:
+    sync, slurm, kube, pods = gang_setup(2)
+    for p in group_pods(2):
+        pods.upsert(p)
+        await sync.reconcile(f"ns/{p['metadata']['name']}")
+    (job_id,) = slurm.jobs
+    desc = slurm.jobs[job_id]
+    assert (desc["minimum_nodes"], desc["maximum_nodes"]) == (2, 2)
+    assert [job_label(pods.get(f"ns/g-{i}")) for i in range(2)] == [str(job_id)] * 2
+    assert kube.bound == {}  # pending: no pod bound
+    slurm.allocate(job_id, "n[1-2]")
+    sync.watch.jobs.pop(job_id)
+    await sync.reconcile("ns/g-1")
+    assert kube.bound == {"ns/g-0": "n1", "ns/g-1": "n2"}  # rank i -> i-th node, all at once
+    assert len(slurm.jobs) == 1
+
+
+async def test_a_pod_leaving_a_pending_group_cancels_the_job_and_frees_the_others() -> None:
+    sync, slurm, kube, pods = gang_setup(2)
+    for p in group_pods(2):
+        pods.upsert(p)
+        await sync.reconcile(f"ns/{p['metadata']['name']}")
+    (job_id,) = slurm.jobs
+    pods.delete("ns/g-0")
+    await sync.reconcile("ns/g-0")
+    assert slurm.cancelled == [job_id]
+    assert job_label(pods.get("ns/g-1")) is None  # waits for a whole group again
+    assert kube.bound == {}
+
+
+# ---------------------------------------------------------------- the workload controller
+
+
+def workload_setup(comment_pods: list[JSON]) -> Any:
+    slurm = FakeSlurm()
+    pods = Store({BY_JOB: index_job})
+    job_id = 7
+    slurm.jobs[job_id] = {
+        "job_id": job_id,
+        "job_state": ["RUNNING"],
+        "nodes": "n[1-2]",
+        "admin_comment": placeholder.admin_comment(comment_pods, scheduler="s1"),
+    }
+    for p in comment_pods:
+        p["metadata"]["labels"][SLURM_JOBID] = str(job_id)
+        p["spec"]["nodeName"] = "n1"
+        pods.upsert(p)
+    kube = DeletingKube(pods)
+    sync = WorkloadSync(
+        kube,  # type: ignore[arg-type]
+        config=CONFIG,
+        pods=SimpleNamespace(store=pods),  # type: ignore[arg-type]
+        slurm=SimpleNamespace(client=slurm, informer=SimpleNamespace(poke=lambda: None)),  # type: ignore[arg-type]
+        watch=JobWatch(slurm, on_change=lambda _: None),  # type: ignore[arg-type]
+        recorder=SimpleNamespace(event=lambda *a, **k: None),  # type: ignore[arg-type]
+    )
+    return sync, slurm, kube, pods, job_id
+
+
+class DeletingKube(FakeKube):
+    def __init__(self, pods: Store) -> None:
+        super().__init__(pods)
+        self.deleted: list[str] = []
+
+    async def get(self, _res: Any, name: str, ns: str | None = None) -> JSON:
+        pod = self.pods.get(f"{ns}/{name}")
+        if pod is None:
+            raise rest.ApiError(404, "NotFound", name)
+        return pod
+
+    async def delete(self, _res: Any, name: str, ns: str, **_kw: Any) -> JSON:
+        self.deleted.append(f"{ns}/{name}")
+        return {}
+
+
+async def test_a_failed_pod_of_a_group_ends_the_job_and_a_succeeded_one_does_not() -> None:
+    sync, slurm, _kube, pods, job_id = workload_setup(group_pods(2))
+    pods.get("ns/g-0")["status"]["phase"] = "Succeeded"  # type: ignore[index]
+    await sync.reconcile("ns/g-0")
+    assert slurm.cancelled == []  # g-1 still runs: the job is its too
+    pods.get("ns/g-1")["status"]["phase"] = "Failed"  # type: ignore[index]
+    await sync.reconcile("ns/g-1")
+    assert slurm.cancelled == [job_id]
+
+    sync, slurm, _kube, pods, job_id = workload_setup(group_pods(2))
+    pods.get("ns/g-0")["status"]["phase"] = "Failed"  # type: ignore[index]
+    await sync.reconcile("ns/g-0")
+    assert slurm.cancelled == [job_id]  # g-1 runs, yet the gang is over
+
+
+async def test_an_unbound_group_pod_set_free_of_a_cancelled_job_is_not_deleted() -> None:
+    sync, slurm, kube, pods, job_id = workload_setup(group_pods(2))
+    slurm.jobs[job_id]["job_state"] = ["CANCELLED"]
+    cached = pods.get("ns/g-0")
+    assert cached is not None
+    cached["spec"]["nodeName"] = ""
+    # The live pod lost its label (the scheduler freed it) while the cache still shows it.
+    live = {**cached, "metadata": {**cached["metadata"], "labels": {}}}
+    kube.get = lambda *_a, **_k: asyncio.sleep(0, live)  # type: ignore[method-assign]
+    await sync.reconcile("ns/g-0")
+    assert kube.deleted == []
+    await sync.reconcile("ns/g-1")  # bound: deleted with its job
+    assert kube.deleted == ["ns/g-1"]
+
+
+async def test_a_restart_after_the_group_job_was_submitted_finds_it_and_makes_no_other() -> None:
+    """The scheduler stopped after Slurm took the group's job, before any label: started
+    again, it finds the job by its admin_comment and places both pods through it."""
+    sync, slurm, kube, pods = gang_setup(2)
+    members = group_pods(2)
+    for p in members:
+        pods.upsert(p)
+    root = await GroupResolver(kube).resolve(members[0])  # type: ignore[arg-type]
+    assert root is not None
+    job_id = await slurm.submit_job(groups.job_description(members, root, CONFIG))
+    assert await sync.recover() == 2
+    slurm.allocate(job_id, "n[1-2]")
+    for p in members:
+        await sync.reconcile(f"ns/{p['metadata']['name']}")
+    assert list(slurm.jobs) == [job_id]
+    assert kube.bound == {"ns/g-0": "n1", "ns/g-1": "n2"}
