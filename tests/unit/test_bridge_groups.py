@@ -4,7 +4,6 @@ fakes of the apiserver and slurmrestd."""
 
 from __future__ import annotations
 
-import asyncio
 from types import SimpleNamespace
 from typing import Any
 
@@ -344,7 +343,11 @@ async def test_an_unbound_group_pod_set_free_of_a_cancelled_job_is_not_deleted()
     cached["spec"]["nodeName"] = ""
     # The live pod lost its label (the scheduler freed it) while the cache still shows it.
     live = {**cached, "metadata": {**cached["metadata"], "labels": {}}}
-    kube.get = lambda *_a, **_k: asyncio.sleep(0, live)  # type: ignore[method-assign]
+
+    async def get(_res: object, name: str, _ns: str) -> JSON:
+        return live if name == "g-0" else pods.get(f"ns/{name}")
+
+    kube.get = get  # type: ignore[method-assign]
     await sync.reconcile("ns/g-0")
     assert kube.deleted == []
     await sync.reconcile("ns/g-1")  # bound: deleted with its job

@@ -232,8 +232,9 @@ class GangScheduler:
         if len(allocated) < len(comment.pods):
             log.warning("job %d: %d nodes for %d pods", job_id, len(allocated), len(comment.pods))
             return DONE
-        nodes = {s: sync.kube_node(s) for s in allocated}
-        missing = [s for s, n in nodes.items() if n is None]
+        found = {s: sync.kube_node(s) for s in allocated}
+        nodes = {s: str(n["metadata"]["name"]) for s, n in found.items() if n is not None}
+        missing = [s for s in allocated if s not in nodes]
         if missing:
             message = (
                 f"Slurm job {job_id} was allocated Slurm nodes {', '.join(missing)}, which no "
@@ -246,7 +247,7 @@ class GangScheduler:
             p = ours.get(member_key)
             if p is None or not sync.schedulable(p):
                 continue  # gone, or bound already
-            if await self.bind(p, job_id, allocated[i], str(nodes[allocated[i]])):
+            if await self.bind(p, job_id, allocated[i], nodes[allocated[i]]):
                 bound += 1
         log.info(
             "%s: bound %d pods (Slurm job %d on %s)", group.describe(), bound, job_id, job.nodes
