@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from slinky.bridge import groups, placeholder, podcontrol
 from slinky.bridge.groups import Group
-from slinky.bridge.labels import SLURM_JOBID, SLURM_NODE
+from slinky.bridge.labels import SLURM_JOBID
 from slinky.kube import events, rest
 from slinky.kube.controller import DONE, Result
 from slinky.slurm import errors
@@ -278,10 +278,8 @@ class GangScheduler:
         sync = self.sync
         if podcontrol.job_id_of(pod) is None:
             await podcontrol.mark_submitted(sync.kube, pod, job_id)
-        if ((pod["metadata"].get("annotations")) or {}).get(SLURM_NODE) != slurm_node:
-            await podcontrol.annotate_node(sync.kube, pod, slurm_node)
         try:
-            await podcontrol.bind(sync.kube, pod, node)
+            await podcontrol.bind(sync.kube, pod, node, slurm_node)
         except rest.ApiError as e:
             if e.not_found or e.conflict:
                 return False
