@@ -176,3 +176,31 @@ async def test_a_busy_victim_is_condemned_before_its_node_is_drained(
     got = await scalein.remove_when_drained(ctx, view, pod, "scale-in", "slurm-operator: x")
     assert got is Drained.BUSY
     assert order == [f"annotate {{'{ANNOTATION_CONDEMNED}': 'scale-in'}}", "drain"]
+
+
+async def test_a_written_condemned_annotation_is_seen_before_the_cache_shows_it() -> None:
+    # The next pass must not take a pod it just condemned for one that is not: it would
+    # pick a second victim (two pods unavailable where maxUnavailable allows one).
+    from typing import Any
+
+    from slinky.kube.expectations import Expectations
+    from slinky.operator.nodeset import pods
+    from slinky.operator.nodeset.builder import ANNOTATION_CONDEMNED
+    from slinky.operator.nodeset.podcontrol import PodControl
+
+    class Kube:
+        async def patch(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            return {}
+
+    control = PodControl(Kube(), Expectations())  # type: ignore[arg-type]
+    stale = pods.CachedPod({"metadata": {"name": "cpu-0", "namespace": "ns", "uid": "u1"}})
+    assert control.as_written(stale) is stale
+    await control.patch_metadata(stale, annotations={ANNOTATION_CONDEMNED: "rolling update"})
+    assert pods.condemned(control.as_written(stale)) == "rolling update"
+    caught_up = pods.CachedPod(
+        {"metadata": {**stale["metadata"], "annotations": {ANNOTATION_CONDEMNED: "rolling update"}}}
+    )
+    assert control.as_written(caught_up) is caught_up
+    assert control.as_written(stale) is stale  # forgotten once the cache showed it
+    await control.patch_metadata(caught_up, annotations={ANNOTATION_CONDEMNED: None})
+    assert pods.condemned(control.as_written(caught_up)) is None

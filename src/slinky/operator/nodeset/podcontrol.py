@@ -1,28 +1,64 @@
 """Kubernetes-side effects of the NodeSet controller.
 
 Creates and deletes go through expectations so that a reconcile working from a cache that
-has not yet seen its own writes does not repeat them. Deletes carry the pod's UID as a
-precondition: a pod re-created under the same name is never deleted by mistake.
+has not yet seen its own writes does not repeat them. Annotations it writes (`condemned`)
+are laid over the cached pod (`as_written`) until the cache shows them, so the next pass
+never takes a pod it just condemned for one that is not (and picks a second victim). Deletes
+carry the pod's UID as a precondition: a pod re-created under the same name is never
+deleted by mistake.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from slinky.kube import rest
 from slinky.kube.expectations import Expectations
+from slinky.operator.nodeset.pods import CachedPod
 
 log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 PDBS = rest.PDBS
+# How long a written annotation is laid over a cache that does not show it: far longer than
+# a watch event takes, short enough that a write someone else undid is not hidden for long.
+WRITTEN_GRACE_S = 30.0
 
 
 class PodControl:
     def __init__(self, kube: rest.Kube, expectations: Expectations) -> None:
         self.kube = kube
         self.expectations = expectations
+        # Pod UID -> annotations this process wrote there (None: removed), and when.
+        self._written: dict[str, tuple[dict[str, Any], float]] = {}
+
+    def as_written(self, pod: JSON) -> JSON:
+        """The cached pod, with the annotations written here that the cache does not show
+        yet."""
+        uid = pod["metadata"].get("uid")
+        entry = self._written.get(uid) if uid else None
+        if entry is None:
+            return pod
+        wrote, at = entry
+        have = pod["metadata"].get("annotations") or {}
+        if all(have.get(k) == v for k, v in wrote.items()) or (
+            time.monotonic() - at > WRITTEN_GRACE_S
+        ):
+            del self._written[uid]  # the cache caught up (or someone else wrote since)
+            return pod
+        merged = {k: v for k, v in {**have, **wrote}.items() if v is not None}
+        return CachedPod({**pod, "metadata": {**pod["metadata"], "annotations": merged}})
+
+    def _wrote(self, uid: str, annotations: JSON) -> None:
+        now = time.monotonic()
+        if len(self._written) > 1024:  # pods deleted before the cache caught up
+            self._written = {
+                u: e for u, e in self._written.items() if now - e[1] <= WRITTEN_GRACE_S
+            }
+        earlier = self._written.get(uid, ({}, now))[0]
+        self._written[uid] = ({**earlier, **annotations}, now)
 
     async def create_pod(self, exp_key: str, pod: JSON) -> bool:
         """Create; False if it already exists (the cache will catch up)."""
@@ -68,6 +104,9 @@ class PodControl:
         except rest.ApiError as e:
             if not e.not_found:
                 raise
+            return
+        if annotations and m.get("uid"):
+            self._wrote(str(m["uid"]), annotations)
 
     async def patch_conditions(self, pod: JSON, conditions: list[JSON]) -> None:
         """Strategic-merge the given pod conditions (merged by type, others untouched)."""

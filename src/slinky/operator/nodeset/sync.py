@@ -150,7 +150,7 @@ class NodeSetSync:
             revision = str((obj.get("status") or {}).get("updateRevision") or revision)
         active: dict[str, JSON] = {}
         terminating: dict[str, JSON] = {}
-        for p in owned:
+        for p in map(self.ctx.podcontrol.as_written, owned):
             f = pods.facts(p)
             (terminating if f.deleting else active)[f.name] = p
         return View(
