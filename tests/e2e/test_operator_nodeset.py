@@ -189,14 +189,16 @@ async def test_rolling_update_one_at_a_time_without_killing_jobs(env: Env) -> No
     )
 
     worst = 0
+    worst_sample: list[str] = []
 
     async def converged() -> bool:
-        nonlocal worst
+        nonlocal worst, worst_sample
         pods = await env.pods("roll")
         live = {
             p["metadata"]["name"]: p for p in pods if not p["metadata"].get("deletionTimestamp")
         }
         unavailable = 3 - len(live)
+        sample = [f"{3 - len(live)} deleting or missing"]
         for p in live.values():
             ready = any(
                 c["type"] == "Ready" and c["status"] == "True"
@@ -206,7 +208,9 @@ async def test_rolling_update_one_at_a_time_without_killing_jobs(env: Env) -> No
                 p["metadata"].get("annotations") or {}
             )
             unavailable += (not ready) or draining
-        worst = max(worst, unavailable)
+            sample.append(f"{p['metadata']['name']}: ready={ready} condemned={draining}")
+        if unavailable > worst:
+            worst, worst_sample = unavailable, sample
         st = (await env.nodeset("roll")).get("status") or {}
         return (
             st.get("updatedReplicas") == 3
@@ -215,7 +219,7 @@ async def test_rolling_update_one_at_a_time_without_killing_jobs(env: Env) -> No
         )
 
     await wait_for(converged, timeout=150, interval=0.2, what="every pod on the new revision")
-    assert worst <= 1, f"{worst} pods unavailable at once"
+    assert worst <= 1, f"{worst} pods unavailable at once: {worst_sample}"
     for j in jobs:
         await env.completed_once(j)  # not killed, not requeued
     await wait_idle_nodes(env, "roll", 3)
