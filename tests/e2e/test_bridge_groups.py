@@ -671,3 +671,110 @@ async def test_a_group_larger_than_the_managed_nodes_is_not_submitted_and_says_w
     assert all(SLURM_JOBID not in (p["metadata"].get("labels") or {}) for p in pods)
     await cleanup(env, ns, selector)
     await env.kube.delete(PODGROUPS, group, ns)
+
+
+# ---------------------------------------------------------------- every kind: scancel, owner
+
+
+@dataclass
+class Kind:
+    """How a test makes a group of two pods of one kind, finds them, and removes its owner."""
+
+    resource: rest.Resource
+    manifest: Any  # (name) -> the owner object
+    selector: str  # label key whose value is the owner's name
+
+
+def k8s_podgroup_owner(name: str) -> JSON:
+    return {
+        "apiVersion": "scheduling.k8s.io/v1alpha2",
+        "kind": "PodGroup",
+        "metadata": {"name": name},
+        "spec": {"schedulingPolicy": {"gang": {"minCount": 2}}},
+    }
+
+
+def lws_of_one_replica(name: str) -> JSON:
+    template = {
+        "spec": {"terminationGracePeriodSeconds": 2, "containers": [container(["sleep", "600"])]}
+    }
+    return {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": name},
+        "spec": {"replicas": 1, "leaderWorkerTemplate": {"size": 2, "workerTemplate": template}},
+    }
+
+
+KINDS = {
+    "scheduler-plugins-podgroup": Kind(PODGROUPS, lambda n: podgroup(n, 2), PODGROUP_LABEL),
+    "kubernetes-podgroup": Kind(K8S_PODGROUPS, k8s_podgroup_owner, "e2e-k8s-group"),
+    "gang-job": Kind(JOBS, lambda n: gang_job(n, 2, ["sleep", "600"]), "e2e-gang"),
+    "gang-jobset": Kind(JOBSETS, lambda n: jobset(n, 2, ["sleep", "600"], gang=True), JOBSET_NAME),
+    "leaderworkerset": Kind(LWS, lws_of_one_replica, LWS_NAME),
+}
+
+
+async def create_group(env: BridgeEnv, kind: Kind, name: str, ns: str) -> None:
+    """The owner, and for the two PodGroup kinds the two bare pods naming it."""
+    await env.kube.create(kind.resource, kind.manifest(name), ns)
+    if kind.resource in (PODGROUPS, K8S_PODGROUPS):
+        for i in range(2):
+            pod = group_pod(f"{name}-{i}", name, ["sleep", "600"])
+            pod["metadata"]["labels"][kind.selector] = name
+            if kind.resource == K8S_PODGROUPS:
+                del pod["metadata"]["labels"][PODGROUP_LABEL]
+                pod["spec"]["schedulingGroup"] = {"podGroupName": name}
+            await env.kube.create(rest.PODS, pod, ns)
+
+
+async def original_pods_gone(env: BridgeEnv, pods: list[JSON], ns: str) -> None:
+    """Each pod deleted; a controller may make a new pod of the same name (LWS does), which
+    is another pod (another UID)."""
+
+    async def gone() -> bool:
+        for p in pods:
+            live = await get_pod(env, p["metadata"]["name"], ns)
+            if live is not None and live["metadata"]["uid"] == p["metadata"]["uid"]:
+                return False
+        return True
+
+    await wait_for(gone, timeout=90, interval=0.3, what="every pod of the group evicted")
+
+
+async def no_live_job_named(env: BridgeEnv, prefix: str) -> None:
+    async def none_left() -> bool:
+        jobs, _ = await env.slurm.list_jobs()
+        return not [j for j in jobs or [] if j.name.startswith(prefix) and not j.is_finished]
+
+    await wait_for(none_left, timeout=120, interval=0.5, what=f"no live Slurm job {prefix}*")
+
+
+@pytest.mark.parametrize("kind_name", list(KINDS))
+async def test_every_kind_of_group_is_evicted_whole_by_scancel_and_deleting_its_owner_cancels(
+    kind_name: str,
+    bridge: BridgeEnv,
+    gang_nodes: GangNodes,
+    group_controllers: GroupControllers,
+) -> None:
+    """For each kind: the group binds whole as one Slurm job on two distinct nodes;
+    `scancel` of that job evicts every pod of the group; deleting the owner (for the
+    PodGroup kinds: the group's pods, which the PodGroup does not own) leaves no live Slurm
+    job of the group behind, whatever the owner made again after the eviction."""
+    kind = KINDS[kind_name]
+    env, ns = bridge, bridge.managed_namespace
+    name = f"k{kind_name[:3]}-{uuid.uuid4().hex[:6]}"
+    await create_group(env, kind, name, ns)
+    selector = f"{kind.selector}={name}"
+    pods = await wait_all_bound(env, ns, selector, 2, timeout=180)
+    job = await the_one_job(env, pods)
+
+    await env.slurm.cancel_job(job.job_id)
+    await original_pods_gone(env, pods, ns)
+    assert (await job_ended(env, job.job_id, timeout=60)).state == ["CANCELLED"]
+
+    if kind.resource in (PODGROUPS, K8S_PODGROUPS):
+        await cleanup(env, ns, selector)
+    await env.kube.delete(kind.resource, name, ns, propagation="Background")
+    await no_live_job_named(env, f"{ns}/{name}")
+    await cleanup(env, ns, selector)
