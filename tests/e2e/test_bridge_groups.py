@@ -760,7 +760,8 @@ async def test_every_kind_of_group_is_evicted_whole_by_scancel_and_deleting_its_
     """For each kind: the group binds whole as one Slurm job on two distinct nodes;
     `scancel` of that job evicts every pod of the group; deleting the owner (for the
     PodGroup kinds: the group's pods, which the PodGroup does not own) leaves no live Slurm
-    job of the group behind, whatever the owner made again after the eviction."""
+    job of the group behind, whatever the owner made again after the eviction; and deleting
+    the owner of a second group while it runs cancels that group's job."""
     kind = KINDS[kind_name]
     env, ns = bridge, bridge.managed_namespace
     name = f"k{kind_name[:3]}-{uuid.uuid4().hex[:6]}"
@@ -773,8 +774,20 @@ async def test_every_kind_of_group_is_evicted_whole_by_scancel_and_deleting_its_
     await original_pods_gone(env, pods, ns)
     assert (await job_ended(env, job.job_id, timeout=60)).state == ["CANCELLED"]
 
-    if kind.resource in (PODGROUPS, K8S_PODGROUPS):
+    bare_pods = kind.resource in (PODGROUPS, K8S_PODGROUPS)
+    if bare_pods:
         await cleanup(env, ns, selector)
     await env.kube.delete(kind.resource, name, ns, propagation="Background")
     await no_live_job_named(env, f"{ns}/{name}")
     await cleanup(env, ns, selector)
+    if bare_pods:
+        return  # a PodGroup owns no pod: deleting the pods is what ends them (above)
+
+    # Deleting the owner of a group that runs cancels its job.
+    second = f"{name}-b"
+    await create_group(env, kind, second, ns)
+    running = await wait_all_bound(env, ns, f"{kind.selector}={second}", 2, timeout=180)
+    job = await the_one_job(env, running)
+    await env.kube.delete(kind.resource, second, ns, propagation="Background")
+    assert (await job_ended(env, job.job_id, timeout=120)).state == ["CANCELLED"]
+    await cleanup(env, ns, f"{kind.selector}={second}")
