@@ -149,35 +149,6 @@ async def test_a_full_list_fetched_for_many_pods_answers_without_per_node_reads(
     assert calls == []
 
 
-async def test_a_busy_victim_is_condemned_before_its_node_is_drained(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # The cordon step undoes any operator drain on a pod that is not condemned: if the drain
-    # were written first, a pass that saw it before the annotation would undrain the node.
-    from types import SimpleNamespace
-    from typing import Any
-
-    from slinky.operator.nodeset import scalein
-    from slinky.operator.nodeset.builder import ANNOTATION_CONDEMNED
-
-    order: list[str] = []
-
-    async def patch_metadata(pod: object, *, annotations: dict[str, str | None]) -> None:
-        order.append(f"annotate {annotations}")
-
-    async def drain_and_check(*args: object) -> Drained:
-        order.append("drain")
-        return Drained.BUSY
-
-    monkeypatch.setattr(scalein, "drain_and_check", drain_and_check)
-    ctx: Any = SimpleNamespace(podcontrol=SimpleNamespace(patch_metadata=patch_metadata))
-    view: Any = SimpleNamespace(acted_on=set())
-    pod = {"metadata": {"name": "cpu-0", "namespace": "ns"}, "spec": {"nodeName": "node-1"}}
-    got = await scalein.remove_when_drained(ctx, view, pod, "scale-in", "slurm-operator: x")
-    assert got is Drained.BUSY
-    assert order == [f"annotate {{'{ANNOTATION_CONDEMNED}': 'scale-in'}}", "drain"]
-
-
 async def test_a_written_condemned_annotation_is_seen_before_the_cache_shows_it() -> None:
     # The next pass must not take a pod it just condemned for one that is not: it would
     # pick a second victim (two pods unavailable where maxUnavailable allows one).

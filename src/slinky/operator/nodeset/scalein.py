@@ -6,10 +6,9 @@ question "is this Slurm node drained?", and the deletion.
    before busy, lower `pod-deletion-cost`, earlier `pod-deadline`, cordoned, higher ordinal.
    Nothing is condemned while the Slurm view of the Cluster is not synced: the order depends
    on which nodes are busy.
-2. Condemn: a scheduled victim gets the `condemned` annotation saying why before its node is
-   drained, so a restart of the operator resumes the same removal instead of choosing new
-   victims, and the cordon step never takes our drain for a stale one and undoes it.
-3. Drain: the Slurm node is set DRAIN with a reason starting `slurm-operator: `.
+2. Drain: the Slurm node is set DRAIN with a reason starting `slurm-operator: `.
+3. Condemn: a pod that has to wait gets the `condemned` annotation saying why, so a restart
+   of the operator resumes the same removal instead of choosing new victims.
 4. Drained? (`check_drained`): the cache only says when to ask; the authoritative
    `GET /node` is made only for a node the cache already shows drained or absent (one full
    `GET /nodes` instead when many pods go in one pass). Only a
@@ -189,13 +188,11 @@ async def remove_when_drained(
     scheduled = pods.node_name(pod) is not None
     verdict = Drained.ABSENT  # an unscheduled pod never ran a slurmd: nothing to drain
     if scheduled:
-        if pods.condemned(pod) != why:
-            # Condemned before drained: a restarted operator resumes this removal instead of
-            # choosing anew, and no pass ever sees our drain on a pod that is not condemned
-            # (the cordon step would undo it).
-            await ctx.podcontrol.patch_metadata(pod, annotations={ANNOTATION_CONDEMNED: why})
         verdict = await drain_and_check(ctx, view, pod, reason, snapshot)
     if not verdict.safe:
+        # Condemned: a restarted operator resumes this removal instead of choosing anew.
+        if pods.condemned(pod) != why:
+            await ctx.podcontrol.patch_metadata(pod, annotations={ANNOTATION_CONDEMNED: why})
         return verdict
     if await ctx.podcontrol.delete_pod(view.exp_key, pod):
         because = "Slurm node drained" if scheduled else "never scheduled"
