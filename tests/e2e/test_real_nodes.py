@@ -338,6 +338,12 @@ async def test_teardown_leaves_nothing_and_a_killed_test_bed_is_recovered_by_up(
         # A crashed run: every process gone at once, no cleanup.
         for _, proc in bed.tracked_processes(bed.load()):
             proc.signal(signal.SIGKILL, group=True)
+        # A process in uninterruptible sleep (I/O on a loaded machine) dies when it leaves it.
+        await wait_for(
+            lambda: not bed.status_lines(only_running=True),
+            timeout=30,
+            what="every killed process of the second test bed gone",
+        )
         assert nodes.leftovers(bed.names(), bed.nodes_dir)  # shims, netns, mounts, cgroups
         bed.up(real_nodes=1, log=print)
         await _run_a_pod(bed)
