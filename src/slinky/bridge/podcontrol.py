@@ -41,6 +41,16 @@ def has_finalizer(pod: JSON) -> bool:
     return FINALIZER in ((pod.get("metadata") or {}).get("finalizers") or [])
 
 
+async def live(kube: rest.Kube, name: str, ns: str) -> JSON | None:
+    """The pod as the apiserver has it now (not the cache, which may lag); None when gone."""
+    try:
+        return await kube.get(rest.PODS, name, ns)
+    except rest.ApiError as e:
+        if e.not_found:
+            return None
+        raise
+
+
 async def mark_submitted(kube: rest.Kube, pod: JSON, job_id: int) -> None:
     """Label the pod with its job id and add the finalizer (strategic merge appends it)."""
     name, ns, uid = name_ns_uid(pod)

@@ -219,13 +219,12 @@ class WorkloadSync:
         the scheduler, which replaces a job before cancelling it, or the freeing of a group
         pod from a cancelled pending job): one read, only before a deletion."""
         name, ns, uid = podcontrol.name_ns_uid(pod)
-        try:
-            live = await self.kube.get(rest.PODS, name, ns)
-        except rest.ApiError as e:
-            if e.not_found:
-                return False
-            raise
-        return live["metadata"].get("uid") == uid and podcontrol.job_id_of(live) == job_id
+        live = await podcontrol.live(self.kube, name, ns)
+        return (
+            live is not None
+            and live["metadata"].get("uid") == uid
+            and podcontrol.job_id_of(live) == job_id
+        )
 
     # ------------------------------------------------------------ start-up
 
@@ -254,10 +253,5 @@ class WorkloadSync:
         if cached is not None and (not uid or cached["metadata"].get("uid") == uid):
             return True
         ns, _, name = key.partition("/")
-        try:
-            live = await self.kube.get(rest.PODS, name, ns)
-        except rest.ApiError as e:
-            if e.not_found:
-                return False
-            raise
-        return not uid or live["metadata"].get("uid") == uid
+        live = await podcontrol.live(self.kube, name, ns)
+        return live is not None and (not uid or live["metadata"].get("uid") == uid)
