@@ -115,3 +115,33 @@ async def test_a_job_just_submitted_is_read_often_before_the_reads_back_off() ->
         assert watch._interval[1] > FIRST_READ_S  # its fast reads used up: backing off too
     finally:
         await watch.stop()
+
+
+async def test_a_job_read_running_by_hand_is_not_read_fast_again() -> None:
+    """A job allocated inside the request is read once by the scheduler: the watch then
+    waits for the backstop (or a node event), not for its fast first-second reads."""
+    slurm = FakeSlurm()
+    slurm.set(1, "RUNNING", "n1")
+    watch = JobWatch(slurm, on_change=lambda _: None, max_interval=60.0)  # type: ignore[arg-type]
+    watch.track(1, fresh=True)
+    await watch.read(1)
+    assert watch._interval[1] == 60.0
+    assert 1 not in watch._fast
+    watch.node_changed("n1")  # an event still makes it due at once
+    assert watch._next[1] <= asyncio.get_running_loop().time() + 0.001
+
+
+async def test_an_event_during_a_read_by_hand_keeps_the_job_due() -> None:
+    slurm = FakeSlurm()
+    slurm.set(1, "RUNNING", "n1")
+    watch = JobWatch(slurm, on_change=lambda _: None, max_interval=60.0)  # type: ignore[arg-type]
+    watch.track(1)
+    real = slurm.get_job
+
+    async def get_job(job_id: int) -> Job:
+        watch.node_changed("n1")  # the node changed while the request was under way
+        return await real(job_id)
+
+    slurm.get_job = get_job  # type: ignore[method-assign]
+    await watch.read(1)
+    assert watch._interval[1] == FIRST_READ_S  # still due soon: the event is not lost

@@ -120,6 +120,7 @@ class JobWatch(BackgroundLoop):
     async def read(self, job_id: int) -> Job | None:
         """Read one job now (None: Slurm does not know it); tells `on_change` if it changed."""
         self.reads += 1
+        due_before = self._next.get(job_id)
         try:
             job: Job | None = await self.client.get_job(job_id)
         except errors.SlurmNotFound:
@@ -127,6 +128,12 @@ class JobWatch(BackgroundLoop):
         known, before = job_id in self.jobs, self.jobs.get(job_id)
         if job_id in self._next:
             self.jobs[job_id] = job
+            if (job is None or not job.is_pending) and self._next[job_id] == due_before:
+                # Allocated or ended, and no event made it due while it was read: nothing
+                # to catch early, back to the slow backstop.
+                self._fast.pop(job_id, None)
+                self._interval[job_id] = self.max_interval
+                self._next[job_id] = time.monotonic() + self.max_interval
         if not known or _significant(before) != _significant(job):
             self.on_change(job_id)
         return job
