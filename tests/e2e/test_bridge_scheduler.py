@@ -196,6 +196,9 @@ async def test_a_pod_runs_where_slurm_placed_it_and_its_job_ends_when_it_exits(
     assert done["metadata"]["labels"][SLURM_JOBID] == str(job.job_id)
     assert metric(env, "slurm_bridge_bind_latency_seconds_count") >= 1
     assert metric(env, "slurm_bridge_pods_bound_total") >= 1
+    # The node was free: Slurm allocated the job inside the request (job/allocate with
+    # immediate), not at its next scheduling pass.
+    assert metric(env, 'slurm_bridge_placeholder_jobs_total{how="allocated"}') >= 1
     await env.kube.delete(rest.PODS, name, ns)
     await pod_gone(env, name, ns)
 

@@ -37,6 +37,7 @@ def test_defaults_are_upstreams() -> None:
     assert config.managed_node_taint.enabled
     assert config.managed_node_taint.effect == "NoExecute"
     assert config.slurm_auth is None
+    assert config.immediate_allocation
 
 
 def test_an_upstream_config_is_accepted_unchanged() -> None:
@@ -127,6 +128,7 @@ def test_taint_can_be_switched_off_or_softened() -> None:
         ({"slurmAuth": {"tokenFile": "/nonexistent/t"}}, "slurmAuth.tokenFile", "no such file"),
         ({"slurmPollInterval": "2"}, "slurmPollInterval", "invalid duration"),
         ({"slurmPollInterval": 2}, "slurmPollInterval", "duration"),
+        ({"immediateAllocation": "no"}, "immediateAllocation", "true or false"),
         (["a"], "", "must be a mapping"),
     ],
 )

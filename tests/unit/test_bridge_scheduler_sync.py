@@ -35,6 +35,9 @@ class FakeSlurm:
         self.down = False
         self.refuse_cancel = False
         self.updates: list[tuple[int, JSON]] = []
+        self.allocations = 0
+        self.free_node: str | None = None
+        self.allocate_missing = False
 
     def job(self, job_id: int) -> Job:
         return Job.parse(self.jobs[job_id])
@@ -44,6 +47,24 @@ class FakeSlurm:
         self.jobs[job_id] = {**desc, "job_id": job_id, "job_state": ["PENDING"], "nodes": ""}
         if self.down:
             raise errors.SlurmUnavailable("connection reset")
+        return job_id
+
+    async def allocate_job(self, desc: JSON) -> int:
+        """`job/allocate` with immediate: allocated on `free_node`, else refused as busy (a
+        FAILED record stays, as in Slurm); `allocate_missing`: an older slurmrestd."""
+        self.allocations += 1
+        if self.allocate_missing:
+            raise errors.SlurmEndpointMissing("HTTP 404", status=404)
+        job_id = 100 + len(self.jobs)
+        if self.free_node is None:
+            self.jobs[job_id] = {**desc, "job_id": job_id, "job_state": ["FAILED"], "nodes": ""}
+            raise errors.SlurmNodeBusy("Requested nodes are busy")
+        self.jobs[job_id] = {
+            **desc,
+            "job_id": job_id,
+            "job_state": ["RUNNING"],
+            "nodes": self.free_node,
+        }
         return job_id
 
     async def get_job(self, job_id: int) -> Job:
@@ -116,7 +137,9 @@ def setup() -> tuple[SchedulerSync, FakeSlurm, FakeKube, Store]:
         nodes.upsert({"metadata": {"name": n, "labels": {}}, "spec": {}})
     kube = FakeKube(pods)
     informer = SimpleNamespace(
-        nodes={n: Node.parse({"name": n, "partitions": ["bridge"]}) for n in ("n1", "n2")}
+        nodes={n: Node.parse({"name": n, "partitions": ["bridge"]}) for n in ("n1", "n2")},
+        mark=lambda: 0,
+        shows_since=lambda _mark: False,  # no poll comes: claims stay
     )
     sync = SchedulerSync(
         kube,  # type: ignore[arg-type]
@@ -381,3 +404,99 @@ def test_only_a_node_added_relabelled_or_retainted_brings_back_the_waiting_pods(
     assert not exclusion.placement_relevant(node, heartbeat)
     assert exclusion.placement_relevant(node, relabelled)
     assert exclusion.placement_relevant(node, tainted)
+
+
+# ---------------------------------------------------------------- allocation at once
+
+
+def idle(sync: SchedulerSync, *names: str) -> None:
+    """The Slurm informer shows these nodes IDLE, nothing allocated."""
+    for n in names:
+        sync.slurm.informer.nodes[n] = Node.parse(
+            {"name": n, "partitions": ["bridge"], "state": ["IDLE"], "cpus": 8, "real_memory": 4096}
+        )
+
+
+def live(slurm: FakeSlurm) -> list[int]:
+    return [j for j in slurm.jobs if not slurm.job(j).is_finished]
+
+
+async def test_a_pod_with_a_free_node_is_allocated_inside_the_request_and_bound_at_once() -> None:
+    sync, slurm, kube, pods = setup()
+    idle(sync, "n1", "n2")
+    slurm.free_node = "n2"
+    pods.upsert(make_pod("p", "u1"))
+    await sync.reconcile("ns/p")
+    (job_id,) = slurm.jobs
+    assert slurm.allocations == 1
+    assert kube.bound == {"ns/p": "n2"}  # one pass: no waiting for Slurm's next one
+    assert job_label(pods.get("ns/p")) == str(job_id)
+
+
+async def test_a_refused_allocation_is_submitted_instead_and_leaves_one_live_job() -> None:
+    sync, slurm, kube, pods = setup()
+    idle(sync, "n1")  # looks free in the cache, but Slurm says busy
+    pods.upsert(make_pod("p", "u1"))
+    await sync.reconcile("ns/p")
+    assert slurm.allocations == 1
+    (job_id,) = live(slurm)
+    assert slurm.job(job_id).is_pending
+    assert job_label(pods.get("ns/p")) == str(job_id)
+    assert kube.bound == {}
+
+
+async def test_no_allocation_is_asked_when_no_allowed_node_looks_free() -> None:
+    sync, slurm, _kube, pods = setup()  # nodes in an unknown state
+    pods.upsert(make_pod("p", "u1"))
+    await sync.reconcile("ns/p")
+    assert slurm.allocations == 0
+    assert len(live(slurm)) == 1
+
+
+async def test_a_pod_slurm_refused_before_is_submitted_not_allocated() -> None:
+    sync, slurm, _kube, pods = setup()
+    idle(sync, "n1")
+    slurm.free_node = "n1"
+    sync.rejections["u1"] = 1
+    pods.upsert(make_pod("p", "u1"))
+    await sync.reconcile("ns/p")
+    assert slurm.allocations == 0
+    assert len(live(slurm)) == 1
+
+
+async def test_without_job_allocate_in_slurmrestd_pods_are_submitted_from_then_on() -> None:
+    sync, slurm, _kube, pods = setup()
+    idle(sync, "n1", "n2")
+    slurm.allocate_missing = True
+    pods.upsert(make_pod("p", "u1"))
+    pods.upsert(make_pod("q", "u2"))
+    await sync.reconcile("ns/p")
+    await sync.reconcile("ns/q")
+    assert slurm.allocations == 1
+    assert len(live(slurm)) == 2
+
+
+async def test_immediate_allocation_can_be_turned_off_in_the_config() -> None:
+    sync, slurm, _kube, pods = setup()
+    sync.allocate_at_once = parse_config({"immediateAllocation": False}).immediate_allocation
+    idle(sync, "n1")
+    slurm.free_node = "n1"
+    pods.upsert(make_pod("p", "u1"))
+    await sync.reconcile("ns/p")
+    assert slurm.allocations == 0
+
+
+async def test_a_node_taken_by_our_own_allocation_is_not_offered_again_before_a_poll() -> None:
+    """Two pods, two free-looking nodes, Slurm would refuse everything after the first:
+    the second pod sees the first one's node taken (claims) and only the other node free,
+    so its request is made; with one node, no second request is made at all."""
+    sync, slurm, kube, pods = setup()
+    idle(sync, "n1")
+    slurm.free_node = "n1"
+    pods.upsert(make_pod("p", "u1"))
+    pods.upsert(make_pod("q", "u2"))
+    await sync.reconcile("ns/p")
+    await sync.reconcile("ns/q")
+    assert slurm.allocations == 1  # the informer still shows n1 IDLE; the claim says taken
+    assert kube.bound == {"ns/p": "n1"}
+    assert len(live(slurm)) == 2  # q's job was submitted and waits

@@ -45,7 +45,8 @@ app.kubernetes.io/component: {{ .component }}
       "mcsLabel" $c.mcsLabel
       "partition" $c.partition
       "managedNodeTaint" $c.managedNodeTaint
-      "slurmPollInterval" $c.slurmPollInterval }}
+      "slurmPollInterval" $c.slurmPollInterval
+      "immediateAllocation" $c.immediateAllocation }}
 {{- with $c.managedNamespaceSelector }}
 {{- $_ := set $cfg "managedNamespaceSelector" . }}
 {{- end }}

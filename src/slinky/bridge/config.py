@@ -14,6 +14,7 @@ managedNodeTaint:
   enabled: true         # taint nodes Slurm knows, so only bridge-scheduled pods land there
   effect: NoExecute     # or NoSchedule / PreferNoSchedule
 slurmPollInterval: 2s   # how often Slurm is asked for changes (update_time deltas)
+immediateAllocation: true  # ask Slurm to allocate at once when a node looks free
 ```
 
 Upstream did no validation at all: a typo silently fell back to a default. Here an unknown
@@ -94,6 +95,7 @@ class BridgeConfig:
     slurm_auth: SlurmAuth | None = None
     managed_node_taint: NodeTaint = NodeTaint()
     slurm_poll_interval: float = 2.0
+    immediate_allocation: bool = True
 
     def is_managed_namespace(self, name: str, labels: dict[str, str] | None) -> bool:
         """Pods of this namespace are the bridge's: the selector wins over the list."""
@@ -254,6 +256,7 @@ _TOP: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "slurmAuth": ("slurm_auth", _slurm_auth),
     "managedNodeTaint": ("managed_node_taint", _taint),
     "slurmPollInterval": ("slurm_poll_interval", lambda v, k: _duration(v, k, 0.1)),
+    "immediateAllocation": ("immediate_allocation", _bool),
 }
 
 

@@ -326,6 +326,16 @@ class SlurmClient:
         _, data = await self.call("POST", "job/submit", body=body, what="submit job")
         return int(data["job_id"])
 
+    async def allocate_job(self, job: JSON) -> int:
+        """`POST job/allocate` with `immediate`: slurmctld allocates the job inside the
+        request, or refuses it (SlurmNodeBusy, or another SlurmError when a job of higher
+        priority waits or a limit holds it) and keeps no pending job, only a FAILED record.
+        Never without `immediate`: slurmrestd would wait inside the request for the
+        allocation of a pending job (and time out, error 5004)."""
+        body: JSON = {"job": {**job, "immediate": True}}
+        _, data = await self.call("POST", "job/allocate", body=body, what="allocate job")
+        return int(data["job_id"])
+
     async def get_job(self, job_id: int) -> Job:
         _, data = await self.call("GET", f"job/{job_id}", what=f"get job {job_id}")
         jobs = data.get("jobs") or []

@@ -195,6 +195,15 @@ class SlurmInformer(BackgroundLoop):
                     await self._poll_ended.wait()
         return self._polls_done >= target
 
+    def mark(self) -> int:
+        """A point in the informer's history, for `shows_since`."""
+        return self._polls_started
+
+    def shows_since(self, mark: int) -> bool:
+        """Whether a poll that started after `mark` succeeded: the cache then shows what
+        changed in Slurm before the mark was taken."""
+        return self._polls_done > mark
+
     @property
     def polled_ago(self) -> float:
         """Seconds since the last successful poll ended."""

@@ -166,7 +166,9 @@ class GangScheduler:
         if excluded:
             desc["excluded_nodes"] = sorted(excluded)
         try:
-            job_id = await sync.slurm.client.submit_job(desc)
+            job_id = await sync.create_job(
+                desc, sorted(allowed or ()), [str(m["metadata"]["uid"]) for m in members]
+            )
         except (errors.SlurmUnavailable, errors.SlurmAuthError):
             for m in members:
                 sync.uncertain[placeholder.pod_key(m)] = str(m["metadata"]["uid"])

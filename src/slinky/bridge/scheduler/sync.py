@@ -1,11 +1,12 @@
 """One scheduling pass over a pod (key: namespace/name), as named steps:
 
 1. `submit`  — a pending pod of ours with no job gets one placeholder job (see
-               `placeholder`): described, submitted, then the pod is labelled with the job
-               id and gets the finalizer. A pod Slurm refuses stays Pending with
-               PodScheduled=False, reason `SlurmRejected` and Slurm's own message, and is
-               tried again with backoff; a pod that cannot be described at all gets the
-               reason that says why and waits for a change;
+               `placeholder`): described, allocated inside the request when a node looks
+               free or else submitted to wait for Slurm's pass (see `immediate`), then
+               the pod is labelled with the job id and gets the finalizer. A pod Slurm
+               refuses stays Pending with PodScheduled=False, reason `SlurmRejected` and
+               Slurm's own message, and is tried again with backoff; a pod that cannot
+               be described at all gets the reason that says why and waits for a change;
    Before submitting, the pod's nodeSelector, required node affinity and tolerations are
                turned into `excluded_nodes` (see `constraints`); a pod no managed node can
                take is not submitted: PodScheduled=False, `NoManagedNodeFits`, saying why;
@@ -39,7 +40,7 @@ from slinky.bridge.jobwatch import JobWatch
 from slinky.bridge.labels import REPLACED_JOB, SLURM_JOBID
 from slinky.bridge.nodes.controller import BY_SLURM_NAME
 from slinky.bridge.nudge import nudge
-from slinky.bridge.scheduler import exclusion
+from slinky.bridge.scheduler import exclusion, immediate
 from slinky.bridge.scheduler.gang import GangScheduler
 from slinky.kube import events, rest
 from slinky.kube.controller import DONE, Result
@@ -77,6 +78,18 @@ EXCLUSION_UPDATES = Counter(
 REPLACEMENTS = Counter(
     "slurm_bridge_job_replacements_total",
     "Placeholder jobs replaced because Slurm allocated a node the pod's constraints reject",
+)
+JOBS_CREATED = Counter(
+    "slurm_bridge_placeholder_jobs_total",
+    "Placeholder jobs made, by how: allocated inside the request (a node was free) or "
+    "submitted to wait for Slurm's scheduling pass",
+    ["how"],
+)
+IMMEDIATE_REFUSED = Counter(
+    "slurm_bridge_immediate_allocations_refused_total",
+    "Requests to allocate a placeholder job at once that Slurm refused (the job was then "
+    "submitted): the node looked free in the cache but was taken, or a job of higher "
+    "priority waits",
 )
 SLURM_ERRORS = Counter(
     "slurm_bridge_slurm_errors_total",
@@ -143,6 +156,10 @@ class SchedulerSync:
         PODS_PENDING.set_function(lambda: len(self.waits_on) + len(self.unfit))
         # Pods that Slurm starts together (PodGroup, LeaderWorkerSet, gang Job/JobSet).
         self.gangs = GangScheduler(self, groups.GroupResolver(kube))
+        # Cleared when slurmrestd has no job/allocate (an older release): submit only.
+        self.allocate_at_once = config.immediate_allocation
+        self.allocating = asyncio.Lock()
+        self.claims = immediate.Claims()
 
     # ------------------------------------------------------------ which pods
 
@@ -297,7 +314,7 @@ class SchedulerSync:
         if where.excluded:
             desc["excluded_nodes"] = where.excluded
         try:
-            job_id = await self.slurm.client.submit_job(desc)
+            job_id = await self.create_job(desc, where.allowed, [uid])
         except (errors.SlurmUnavailable, errors.SlurmAuthError) as e:
             # Not an answer about the job: retried with the controller's backoff, after
             # looking for the job in case the request reached slurmctld.
@@ -314,12 +331,58 @@ class SchedulerSync:
             SUBMIT_LATENCY.observe(age)
         log.info("pod %s: submitted placeholder job %d (%s)", key, job_id, desc["partition"])
         # The label must be on the pod before it is bound (a restart finds the job by it);
-        # the job's first read need not wait for it: one round trip instead of two.
-        self.watch.track(job_id, fresh=True)
-        await asyncio.gather(
-            podcontrol.mark_submitted(self.kube, pod, job_id), self.first_read(job_id)
-        )
+        # the job's first read need not wait for it: one round trip instead of two. A job
+        # allocated at once was read already.
+        if job_id in self.watch.jobs:
+            await podcontrol.mark_submitted(self.kube, pod, job_id)
+        else:
+            self.watch.track(job_id, fresh=True)
+            await asyncio.gather(
+                podcontrol.mark_submitted(self.kube, pod, job_id), self.first_read(job_id)
+            )
         return await self.place(pod, job_id)
+
+    async def create_job(self, desc: JSON, allowed: list[str], uids: list[str]) -> int:
+        """The placeholder job `desc` for the pods `uids`: allocated inside the request when
+        enough `allowed` nodes look free (see `immediate`), else submitted to wait for
+        Slurm's pass. Raises what `submit_job` raises."""
+        if self.allocate_at_once and not any(u in self.rejections for u in uids):
+            job_id = await self.allocate(desc, allowed)
+            if job_id is not None:
+                return job_id
+        job_id = await self.slurm.client.submit_job(desc)
+        JOBS_CREATED.labels("submitted").inc()
+        return job_id
+
+    async def allocate(self, desc: JSON, allowed: list[str]) -> int | None:
+        """Ask Slurm to allocate `desc` now if the nodes look free: the job id, or None
+        (not asked, or refused: no job was made). One pod at a time, each seeing the nodes
+        the ones before took (read back at once) before the informer shows them."""
+        informer = self.slurm.informer
+        async with self.allocating:
+            taken = self.claims.overlay(informer.nodes, informer.shows_since)
+            if not immediate.worth_allocating(desc, allowed, informer.nodes, taken):
+                return None
+            mark = informer.mark()
+            try:
+                job_id = await self.slurm.client.allocate_job(desc)
+            except errors.SlurmEndpointMissing:
+                log.info("slurmrestd has no job/allocate: placeholder jobs are submitted only")
+                self.allocate_at_once = False
+                return None
+            except (errors.SlurmUnavailable, errors.SlurmAuthError):
+                raise
+            except errors.SlurmError as e:
+                IMMEDIATE_REFUSED.inc()
+                log.debug("%s: not allocated at once (%s); submitting", desc["name"], e)
+                return None
+            JOBS_CREATED.labels("allocated").inc()
+            self.watch.track(job_id, fresh=True)
+            with contextlib.suppress(errors.SlurmError):
+                job = await self.watch.read(job_id)
+                if job is not None:
+                    self.claims.add(desc, expand_hostlist(job.nodes), mark)
+            return job_id
 
     async def first_read(self, job_id: int) -> None:
         """Read a job just submitted (place() then uses the read); a failed read is left to

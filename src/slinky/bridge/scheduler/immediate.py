@@ -1,0 +1,140 @@
+"""Allocating a placeholder job inside the request, when a node looks free.
+
+A submitted job (`POST job/submit`) is allocated at slurmctld's next scheduling pass, which
+the controller starts about once a second: a pod waited 0.2-0.9 s for a node that was free
+all along. `POST job/allocate` with `immediate` asks slurmctld to allocate the job inside
+the request instead (a few ms); when it cannot start at once (nodes busy, a job of higher
+priority waits, a limit) Slurm refuses it, keeps no pending job, and the scheduler submits
+the job as usual. Slurm decides in both cases; this module only decides when asking is
+worth a request:
+
+- the pod was never refused by Slurm (a refusal is explained by `submit`, not twice);
+- enough of the nodes the pod may use look free in the Slurm informer's cache: the CPUs and
+  memory the job asks for unallocated, on an IDLE node with nothing allocated for an
+  exclusive job, else on an IDLE or MIXED one; never a node that is draining, down,
+  reserved, powering, rebooting or not responding.
+
+The cache can be a poll behind, so "looks free" is a hint: a job refused because the node
+was taken meanwhile costs one request, and Slurm keeps a FAILED record of the attempt
+(reason BadConstraints, MinJobAge long) next to the job that is then submitted. So that a
+burst of pods does not make one such attempt per pod, the scheduler asks one pod at a time
+and lays what its own allocations took over the cache (`Claims`) until a poll shows it.
+Never `job/allocate` without `immediate`: slurmrestd would then wait inside the request for
+a pending job's allocation (and time out, error 5004).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from slinky.slurm.models import Node, NodeState
+
+JSON = dict[str, Any]
+
+# Node state flags under which Slurm does not start a new job on the node (or soon stops
+# being able to): a node with any of them is never counted as free.
+UNAVAILABLE_FLAGS = frozenset(
+    {
+        "DRAIN",
+        "FAIL",
+        "MAINTENANCE",
+        "RESERVED",
+        "PLANNED",
+        "COMPLETING",
+        "NOT_RESPONDING",
+        "POWER_DOWN",
+        "POWERED_DOWN",
+        "POWERING_DOWN",
+        "POWERING_UP",
+        "REBOOT_REQUESTED",
+        "REBOOT_ISSUED",
+        "INVALID_REG",
+        "BLOCKED",
+    }
+)
+
+
+def _wants(desc: JSON) -> tuple[int, int, bool, int]:
+    """CPUs and MiB per node, exclusive, and node count of a `job_desc_msg` of ours."""
+    cpus = int(desc.get("cpus_per_task") or 1) * int(desc.get("tasks_per_node") or 1)
+    memory = int((desc.get("memory_per_node") or {}).get("number") or 0)
+    exclusive = "none" in (desc.get("shared") or [])
+    return cpus, memory, exclusive, int(desc.get("minimum_nodes") or 1)
+
+
+def looks_free(node: Node, *, cpus: int, memory: int, exclusive: bool) -> bool:
+    """Whether Slurm would likely start a job asking for this on `node` now."""
+    state = node.state
+    if state.base not in ("IDLE", "MIXED") or state.flags & UNAVAILABLE_FLAGS:
+        return False
+    if exclusive and (state.base != "IDLE" or node.alloc_cpus):
+        return False
+    return node.cpus - node.alloc_cpus >= cpus and node.real_memory - node.alloc_memory >= memory
+
+
+def worth_allocating(
+    desc: JSON,
+    allowed: Iterable[str],
+    nodes: Mapping[str, Node],
+    overlay: Mapping[str, Node] | None = None,
+) -> bool:
+    """Whether to ask Slurm to allocate `desc` now: enough of the `allowed` Slurm nodes look
+    free in `nodes` (the Slurm informer's cache, with `overlay` laid over it) for the job's
+    node count."""
+    cpus, memory, exclusive, count = _wants(desc)
+    free = 0
+    for name in allowed:
+        node = overlay.get(name) if overlay and name in overlay else nodes.get(name)
+        if node is not None and looks_free(node, cpus=cpus, memory=memory, exclusive=exclusive):
+            free += 1
+            if free >= count:
+                return True
+    return False
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """What one allocation of ours took on `node`, as of the informer mark `mark`."""
+
+    node: str
+    cpus: int
+    memory: int
+    exclusive: bool
+    mark: int
+
+
+class Claims:
+    """The nodes our own allocations took that the Slurm informer's cache may not show yet;
+    a claim is dropped once a poll that started after it succeeded."""
+
+    def __init__(self) -> None:
+        self.claims: list[Claim] = []
+
+    def add(self, desc: JSON, nodes: Iterable[str], mark: int) -> None:
+        cpus, memory, exclusive, _ = _wants(desc)
+        self.claims.extend(Claim(n, cpus, memory, exclusive, mark) for n in nodes)
+
+    def overlay(
+        self, nodes: Mapping[str, Node], shows_since: Callable[[int], bool]
+    ) -> dict[str, Node]:
+        """The nodes of `nodes` that claims the cache does not show yet took, as taken."""
+        self.claims = [c for c in self.claims if not shows_since(c.mark)]
+        taken: dict[str, Node] = {}
+        for c in self.claims:
+            node = taken.get(c.node) or nodes.get(c.node)
+            if node is not None:
+                taken[c.node] = _take(node, c)
+        return taken
+
+
+def _take(node: Node, claim: Claim) -> Node:
+    cpus = node.cpus if claim.exclusive else min(node.cpus, node.alloc_cpus + claim.cpus)
+    base = "ALLOCATED" if cpus >= node.cpus else "MIXED"
+    return dataclasses.replace(
+        node,
+        state=NodeState(base, node.state.flags),
+        alloc_cpus=cpus,
+        alloc_memory=node.alloc_memory + claim.memory,
+    )

@@ -1,0 +1,118 @@
+"""When the scheduler asks Slurm to allocate a placeholder job inside the request."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from slinky.bridge.scheduler.immediate import Claims, looks_free, worth_allocating
+from slinky.slurm.models import Node
+
+JSON = dict[str, Any]
+
+
+def node(
+    name: str,
+    state: list[str],
+    *,
+    cpus: int = 8,
+    alloc: int = 0,
+    mem: int = 4096,
+    alloc_mem: int = 0,
+) -> Node:
+    return Node.parse(
+        {
+            "name": name,
+            "state": state,
+            "cpus": cpus,
+            "alloc_cpus": alloc,
+            "real_memory": mem,
+            "alloc_memory": alloc_mem,
+        }
+    )
+
+
+def desc(*, cpus: int = 1, mem: int = 100, exclusive: bool = True, nodes: int = 1) -> JSON:
+    d: JSON = {
+        "cpus_per_task": cpus,
+        "tasks_per_node": 1,
+        "memory_per_node": {"set": True, "number": mem},
+        "minimum_nodes": nodes,
+    }
+    if exclusive:
+        d["shared"] = ["none"]
+    return d
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        ["IDLE", "DRAIN"],
+        ["IDLE", "RESERVED"],
+        ["IDLE", "NOT_RESPONDING"],
+        ["IDLE", "POWERED_DOWN"],
+        ["IDLE", "COMPLETING"],
+        ["IDLE", "MAINTENANCE"],
+        ["DOWN"],
+        ["ALLOCATED"],
+        ["UNKNOWN"],
+    ],
+)
+def test_a_node_slurm_would_not_start_a_job_on_never_looks_free(state: list[str]) -> None:
+    assert not looks_free(node("a", state), cpus=1, memory=1, exclusive=False)
+
+
+def test_an_idle_external_node_looks_free() -> None:
+    n = node("a", ["IDLE", "EXTERNAL", "DYNAMIC_NORM"])
+    assert looks_free(n, cpus=8, memory=4096, exclusive=True)
+
+
+def test_an_exclusive_job_needs_a_node_with_nothing_allocated_and_enough_of_it() -> None:
+    assert not looks_free(node("a", ["MIXED"], alloc=1), cpus=1, memory=1, exclusive=True)
+    assert not looks_free(node("a", ["IDLE"], cpus=4), cpus=64, memory=1, exclusive=True)
+    assert not looks_free(node("a", ["IDLE"], mem=100), cpus=1, memory=101, exclusive=True)
+
+
+def test_a_shared_job_needs_the_cpus_and_memory_it_asks_for_unallocated() -> None:
+    n = node("a", ["MIXED"], cpus=8, alloc=6, mem=4096, alloc_mem=4000)
+    assert looks_free(n, cpus=2, memory=96, exclusive=False)
+    assert not looks_free(n, cpus=3, memory=96, exclusive=False)
+    assert not looks_free(n, cpus=2, memory=97, exclusive=False)
+
+
+def test_only_allowed_nodes_count_and_a_group_needs_one_free_node_per_pod() -> None:
+    nodes = {
+        "a": node("a", ["IDLE"]),
+        "b": node("b", ["IDLE"]),
+        "c": node("c", ["ALLOCATED"], alloc=8),
+    }
+    assert worth_allocating(desc(), ["a"], nodes)
+    assert not worth_allocating(desc(), ["c"], nodes)
+    assert not worth_allocating(desc(), ["missing"], nodes)
+    assert worth_allocating(desc(nodes=2), ["a", "b", "c"], nodes)
+    assert not worth_allocating(desc(nodes=3), ["a", "b", "c"], nodes)
+    assert not worth_allocating(desc(), [], nodes)
+
+
+def test_claims_take_what_our_allocations_took_until_a_later_poll_shows_it() -> None:
+    nodes = {"a": node("a", ["IDLE"], cpus=8, mem=4096), "b": node("b", ["IDLE"])}
+    claims = Claims()
+    claims.add(desc(cpus=2, mem=1000, exclusive=False), ["a"], mark=5)
+    claims.add(desc(cpus=2, mem=1000, exclusive=False), ["a"], mark=5)
+    taken = claims.overlay(nodes, lambda mark: False)
+    assert set(taken) == {"a"}
+    assert (taken["a"].state.base, taken["a"].alloc_cpus, taken["a"].alloc_memory) == (
+        "MIXED",
+        4,
+        2000,
+    )
+    assert worth_allocating(desc(cpus=4, exclusive=False), ["a"], nodes, taken)
+    assert not worth_allocating(desc(cpus=5, exclusive=False), ["a"], nodes, taken)
+    assert not worth_allocating(desc(), ["a"], nodes, taken)  # exclusive: a is in use
+    claims.add(desc(), ["b"], mark=6)
+    taken = claims.overlay(nodes, lambda mark: mark <= 5)  # a poll after mark 5 came
+    assert set(taken) == {"b"}
+    assert taken["b"].state.base == "ALLOCATED"
+    assert claims.overlay(nodes, lambda mark: True) == {}
+    assert claims.claims == []
