@@ -14,6 +14,7 @@ system under test.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import os
@@ -147,7 +148,16 @@ async def start(
                 f"{name} controller exited {proc.returncode}:\n{controller.log_tail()}"
             )
         async with httpx2.AsyncClient(timeout=2) as http:
-            return (await http.get(f"http://127.0.0.1:{probe_port}/readyz")).status_code == 200
+            if (await http.get(f"http://127.0.0.1:{probe_port}/readyz")).status_code != 200:
+                return False
+        # readyz does not cover the webhook server: a webhook registered before it listens
+        # refuses the apiserver ("connection refused") and the object is not created.
+        try:
+            _, writer = await asyncio.open_connection("127.0.0.1", webhook_port)
+        except OSError:
+            return False
+        writer.close()
+        return True
 
     try:
         await wait_for(

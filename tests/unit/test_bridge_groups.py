@@ -275,6 +275,45 @@ async def test_a_pod_leaving_a_pending_group_cancels_the_job_and_frees_the_other
     assert kube.bound == {}
 
 
+async def test_a_pod_leaving_an_allocated_group_before_any_binding_cancels_the_job() -> None:
+    """Slurm can allocate a group's job before its pods are placed (inside the request,
+    even): a pod that leaves then still cancels it, or no one ever would."""
+    sync, slurm, kube, pods = gang_setup(2)
+    for p in group_pods(2):
+        pods.upsert(p)
+        await sync.reconcile(f"ns/{p['metadata']['name']}")
+    (job_id,) = slurm.jobs
+    slurm.allocate(job_id, "n[1-2]")
+    sync.watch.jobs.pop(job_id)
+    pods.delete("ns/g-0")  # before the scheduler placed the group
+    await sync.reconcile("ns/g-0")
+    assert slurm.cancelled == [job_id]
+    assert job_label(pods.get("ns/g-1")) is None  # waits for a whole group again
+    assert kube.bound == {}
+
+
+async def test_a_group_whose_pod_was_replaced_before_binding_binds_none_and_starts_over() -> None:
+    """The owner replaced a pod (same name, new UID) between allocation and binding: no pod
+    of the group is bound alone on the job made for the old one."""
+    sync, slurm, kube, pods = gang_setup(2)
+    for p in group_pods(2):
+        pods.upsert(p)
+        await sync.reconcile(f"ns/{p['metadata']['name']}")
+    (job_id,) = slurm.jobs
+    slurm.allocate(job_id, "n[1-2]")
+    sync.watch.jobs.pop(job_id)
+    again = group_pods(1)[0]
+    again["metadata"]["uid"] = "u0-new"
+    pods.upsert(again)
+    await sync.reconcile("ns/g-1")
+    assert kube.bound == {}
+    assert slurm.cancelled == [job_id]
+    assert job_label(pods.get("ns/g-1")) is None
+    await sync.reconcile("ns/g-0")  # the new pod and g-1: a new job for the whole group
+    await sync.reconcile("ns/g-1")
+    assert len([j for j in slurm.jobs if j != job_id]) == 1
+
+
 # ---------------------------------------------------------------- the workload controller
 
 

@@ -10,10 +10,12 @@
                as listed in the job's admin_comment) is annotated with the i-th Slurm node
                of the job's node list and bound to its Kubernetes node: N distinct nodes,
                all at once. Should a node have no Kubernetes node yet, none is bound;
-4. `left`    — a pod of a group that leaves (deleted, failed) before its job was allocated:
-               the other pods' job-id labels are removed first, then the pending job is
-               cancelled, and the group waits for N pods again (the owner's controller
-               usually makes a new pod). A running job is the workload controller's.
+4. `left`    — a pod of a group that leaves (deleted, failed) before any pod of its job
+               was bound (the job pending, or allocated but not placed yet; `place` checks
+               the same before binding): the other pods' job-id labels are removed first,
+               then the job is cancelled, and the group waits for N pods again (the owner's
+               controller usually makes a new pod). Once a pod is bound, the job is the
+               workload controller's.
 
 Restart-safe like the single-pod path: the job id is remembered from Slurm's answer for
 every member (`SchedulerSync.submitted`) before the labels are written, and recovered at
@@ -244,6 +246,11 @@ class GangScheduler:
             )
             sync.recorder.event(pod, events.WARNING, "NodeNotFound", message, action="Bind")
             return Result(requeue_after=5.0)
+        gone = [k for k, p in ours.items() if p is None]
+        if gone and not self.started(comment):
+            # A pod left between the allocation and the binding: all or nothing.
+            await self.abandon(group, job_id, f"pod {gone[0]} of {group.describe()} went away")
+            return DONE
         bound = 0
         for i, member_key in enumerate(comment.pods):
             p = ours.get(member_key)
@@ -330,13 +337,32 @@ class GangScheduler:
                 self.enqueue(placeholder.pod_key(p))
             return
         job = await self.sync.job(job_id)
-        if job is None or job.is_finished or job.is_running:
-            return  # ended, or running: the workload controller's
+        if job is None or job.is_finished:
+            return  # ended: the workload controller deletes what is left of the group
         comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
         if comment is None or key not in comment.pods:
             return
-        # Labels first: the workload controller deletes the pods of an ended job, and these
-        # pods are not done, they wait for a whole group again.
+        if job.is_running and self.started(comment):
+            return  # its pods run: the workload controller's
+        # Pending, or allocated with no pod bound yet (Slurm can allocate inside the
+        # request, before the pods are even labelled): without this pod the group cannot
+        # start whole, and no one else would ever cancel the job.
+        await self.abandon(group, job_id, f"pod {key} of {group.describe()} left")
+
+    def started(self, comment: placeholder.Comment) -> bool:
+        """Whether a pod the job's comment names (that very pod) is bound already."""
+        for k, uid in comment.pods.items():
+            p = self.sync.pods.store.get(k)
+            same = p is not None and (not uid or str(p["metadata"].get("uid")) == uid)
+            if same and p is not None and podcontrol.node_of(p):
+                return True
+        return False
+
+    async def abandon(self, group: Group, job_id: int, why: str) -> None:
+        """The group's job cannot run whole: the waiting pods lose its label (the workload
+        controller deletes the pods of an ended job, and these are not done: they wait for
+        a whole group again), then the job is cancelled and the pods are looked at again."""
+        others = self.waiting(group)
         for p in others:
             if (
                 podcontrol.job_id_of(p) == job_id
@@ -348,11 +374,9 @@ class GangScheduler:
         await self.sync.slurm.client.cancel_job(job_id)
         self.sync.watch.untrack(job_id)
         log.info(
-            "job %d: cancelled: pod %s of %s left before the job was allocated; "
-            "the group waits for %d pods again",
+            "job %d: cancelled: %s before its pods were bound; the group waits for %d pods again",
             job_id,
-            key,
-            group.describe(),
+            why,
             group.size,
         )
         for p in others:
