@@ -116,3 +116,24 @@ def test_claims_take_what_our_allocations_took_until_a_later_poll_shows_it() -> 
     assert taken["b"].state.base == "ALLOCATED"
     assert claims.overlay(nodes, lambda mark: True) == {}
     assert claims.claims == []
+
+
+def test_allocations_answered_but_not_read_back_take_their_share_of_the_free_nodes() -> None:
+    nodes = {"a": node("a", ["IDLE"], cpus=8), "b": node("b", ["IDLE"], cpus=8)}
+    claims = Claims()
+    first = claims.start(desc())  # exclusive, its node unknown yet
+    flying = list(claims.in_flight.values())
+    assert worth_allocating(desc(), ["a", "b"], nodes, {}, flying)  # one node left
+    claims.start(desc())
+    flying = list(claims.in_flight.values())
+    assert not worth_allocating(desc(), ["a", "b"], nodes, {}, flying)  # both taken
+    assert not worth_allocating(desc(exclusive=False), ["a", "b"], nodes, {}, flying)
+    claims.finish(first, desc(), ["a"], mark=1)
+    assert len(claims.in_flight) == 1 and claims.claims[0].node == "a"
+    # Shared jobs in flight take CPUs, not whole nodes.
+    shared = Claims()
+    for _ in range(3):
+        shared.start(desc(cpus=5, exclusive=False))
+    flying = list(shared.in_flight.values())
+    assert worth_allocating(desc(cpus=1, exclusive=False), ["a", "b"], nodes, {}, flying)
+    assert not worth_allocating(desc(cpus=2, exclusive=False), ["a", "b"], nodes, {}, flying)

@@ -18,7 +18,8 @@ The cache can be a poll behind, so "looks free" is a hint: a job refused because
 was taken meanwhile costs one request, and Slurm keeps a FAILED record of the attempt
 (reason BadConstraints, MinJobAge long) next to the job that is then submitted. So that a
 burst of pods does not make one such attempt per pod, the scheduler asks one pod at a time
-and lays what its own allocations took over the cache (`Claims`) until a poll shows it.
+and lays what its own allocations took over the cache (`Claims`) until a poll shows it;
+an allocation answered but not read back yet counts as taking its share of the free nodes.
 Never `job/allocate` without `immediate`: slurmrestd would then wait inside the request for
 a pending job's allocation (and time out, error 5004).
 """
@@ -56,7 +57,10 @@ UNAVAILABLE_FLAGS = frozenset(
 )
 
 
-def _wants(desc: JSON) -> tuple[int, int, bool, int]:
+Want = tuple[int, int, bool, int]  # CPUs and MiB per node, exclusive, node count
+
+
+def _wants(desc: JSON) -> Want:
     """CPUs and MiB per node, exclusive, and node count of a `job_desc_msg` of ours."""
     cpus = int(desc.get("cpus_per_task") or 1) * int(desc.get("tasks_per_node") or 1)
     memory = int((desc.get("memory_per_node") or {}).get("number") or 0)
@@ -79,19 +83,24 @@ def worth_allocating(
     allowed: Iterable[str],
     nodes: Mapping[str, Node],
     overlay: Mapping[str, Node] | None = None,
+    in_flight: Iterable[Want] = (),
 ) -> bool:
     """Whether to ask Slurm to allocate `desc` now: enough of the `allowed` Slurm nodes look
     free in `nodes` (the Slurm informer's cache, with `overlay` laid over it) for the job's
-    node count."""
+    node count, after the allocations `in_flight` (answered, their nodes not read yet) took
+    their share of them: a node each for an exclusive one, their CPUs for a shared one."""
     cpus, memory, exclusive, count = _wants(desc)
-    free = 0
+    free: list[Node] = []
     for name in allowed:
         node = overlay.get(name) if overlay and name in overlay else nodes.get(name)
         if node is not None and looks_free(node, cpus=cpus, memory=memory, exclusive=exclusive):
-            free += 1
-            if free >= count:
-                return True
-    return False
+            free.append(node)
+    flying = list(in_flight)
+    if exclusive:
+        return len(free) - sum(w[3] for w in flying) >= count
+    whole = sum(w[3] for w in flying if w[2])
+    spare = sum(n.cpus - n.alloc_cpus for n in free) - sum(w[0] * w[3] for w in flying if not w[2])
+    return len(free) - whole >= count and spare >= cpus * count
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +120,20 @@ class Claims:
 
     def __init__(self) -> None:
         self.claims: list[Claim] = []
+        self.in_flight: dict[int, Want] = {}  # allocations whose nodes are not known yet
+        self._tokens = 0
+
+    def start(self, desc: JSON) -> int:
+        """An allocation of `desc` is asked for; `finish` with the token once its nodes are
+        known (or it was refused)."""
+        self._tokens += 1
+        self.in_flight[self._tokens] = _wants(desc)
+        return self._tokens
+
+    def finish(self, token: int, desc: JSON, nodes: Iterable[str], mark: int) -> None:
+        """The allocation `token` got `nodes` (none: refused, or not read)."""
+        self.in_flight.pop(token, None)
+        self.add(desc, nodes, mark)
 
     def add(self, desc: JSON, nodes: Iterable[str], mark: int) -> None:
         cpus, memory, exclusive, _ = _wants(desc)

@@ -356,33 +356,53 @@ class SchedulerSync:
 
     async def allocate(self, desc: JSON, allowed: list[str]) -> int | None:
         """Ask Slurm to allocate `desc` now if the nodes look free: the job id, or None
-        (not asked, or refused: no job was made). One pod at a time, each seeing the nodes
-        the ones before took (read back at once) before the informer shows them."""
+        (not asked, or refused: no job was made). The requests go one at a time, each
+        seeing what the ones before took (see `immediate.Claims`); the read of the job's
+        nodes is made outside the turn."""
         informer = self.slurm.informer
         async with self.allocating:
             taken = self.claims.overlay(informer.nodes, informer.shows_since)
-            if not immediate.worth_allocating(desc, allowed, informer.nodes, taken):
+            flying = self.claims.in_flight.values()
+            if not immediate.worth_allocating(desc, allowed, informer.nodes, taken, flying):
                 return None
             mark = informer.mark()
+            token = self.claims.start(desc)
             try:
-                job_id = await self.slurm.client.allocate_job(desc)
-            except errors.SlurmEndpointMissing:
-                log.info("slurmrestd has no job/allocate: placeholder jobs are submitted only")
-                self.allocate_at_once = False
-                return None
-            except (errors.SlurmUnavailable, errors.SlurmAuthError):
+                job_id = await self.ask_allocation(desc)
+            except BaseException:
+                self.claims.finish(token, desc, (), mark)
                 raise
-            except errors.SlurmError as e:
-                IMMEDIATE_REFUSED.inc()
-                log.debug("%s: not allocated at once (%s); submitting", desc["name"], e)
+            if job_id is None:
+                self.claims.finish(token, desc, (), mark)
                 return None
-            JOBS_CREATED.labels("allocated").inc()
+        nodes: list[str] = []
+        try:
             self.watch.track(job_id, fresh=True)
             with contextlib.suppress(errors.SlurmError):
                 job = await self.watch.read(job_id)
                 if job is not None:
-                    self.claims.add(desc, expand_hostlist(job.nodes), mark)
-            return job_id
+                    nodes = expand_hostlist(job.nodes)
+        finally:
+            self.claims.finish(token, desc, nodes, mark)
+        return job_id
+
+    async def ask_allocation(self, desc: JSON) -> int | None:
+        """`job/allocate` with immediate: the job id, or None when Slurm refused it or
+        slurmrestd has no such route (then never again in this process)."""
+        try:
+            job_id = await self.slurm.client.allocate_job(desc)
+        except errors.SlurmEndpointMissing:
+            log.info("slurmrestd has no job/allocate: placeholder jobs are submitted only")
+            self.allocate_at_once = False
+            return None
+        except (errors.SlurmUnavailable, errors.SlurmAuthError):
+            raise
+        except errors.SlurmError as e:
+            IMMEDIATE_REFUSED.inc()
+            log.debug("%s: not allocated at once (%s); submitting", desc["name"], e)
+            return None
+        JOBS_CREATED.labels("allocated").inc()
+        return job_id
 
     async def first_read(self, job_id: int) -> None:
         """Read a job just submitted (place() then uses the read); a failed read is left to
