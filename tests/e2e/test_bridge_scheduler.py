@@ -429,10 +429,14 @@ async def burst_pods(env: BridgeEnv, ns: str, burst: str) -> list[JSON]:
 
 
 async def jobs_naming(env: BridgeEnv, uids: set[str]) -> dict[str, list[int]]:
-    """Pod UID -> every Slurm job (live or ended) whose admin_comment names that pod."""
+    """Pod UID -> every Slurm job (live or ended) whose admin_comment names that pod,
+    except the record of an allocation Slurm refused at once (`job/allocate` with
+    `immediate`: FAILED on arrival, never queued, no node ever held)."""
     jobs, _ = await env.slurm.list_jobs()
     out: dict[str, list[int]] = {uid: [] for uid in uids}
     for j in jobs or []:
+        if j.state == ["FAILED"] and not j.nodes and j.state_reason == "BadConstraints":
+            continue
         comment = placeholder.read_comment(str(j.raw.get("admin_comment") or ""))
         for uid in comment.pods.values() if comment else []:
             if uid in out:

@@ -500,3 +500,50 @@ async def test_a_node_taken_by_our_own_allocation_is_not_offered_again_before_a_
     assert slurm.allocations == 1  # the informer still shows n1 IDLE; the claim says taken
     assert kube.bound == {"ns/p": "n1"}
     assert len(live(slurm)) == 2  # q's job was submitted and waits
+
+
+async def test_a_pod_behind_a_pending_job_of_ours_is_submitted_not_allocated() -> None:
+    """Slurm would refuse it ("insufficient priority") and keep a FAILED record of the try."""
+    sync, slurm, _kube, pods = setup()
+    pods.upsert(make_pod("p", "u1"))
+    await sync.reconcile("ns/p")  # no node looks free: submitted, pending
+    (first,) = slurm.jobs
+    assert slurm.job(first).is_pending
+    slurm.jobs[first]["partition"] = "bridge"
+    sync.watch.jobs[first] = slurm.job(first)
+    idle(sync, "n1")  # a node frees up before Slurm's next pass gives it to the first job
+    slurm.free_node = "n1"
+    pods.upsert(make_pod("q", "u2"))
+    await sync.reconcile("ns/q")
+    assert slurm.allocations == 0
+    assert len(live(slurm)) == 2
+
+
+async def test_after_a_takeover_no_allocation_is_asked_before_the_labelled_pods_were_seen() -> None:
+    """The replica before this one left pods labelled with jobs that may still wait in
+    Slurm: until each was looked at, new pods are submitted behind them."""
+    sync, slurm, kube, pods = setup()
+    waiting = make_pod("old", "u0")
+    waiting["metadata"]["labels"][SLURM_JOBID] = "100"
+    slurm.jobs[100] = {"job_id": 100, "job_state": ["PENDING"], "nodes": "",
+                       "partition": "bridge", "admin_comment": placeholder.admin_comment(
+                           [waiting], scheduler="s1")}  # fmt: skip
+    pods.upsert(waiting)
+    await sync.recover()
+    idle(sync, "n1")
+    slurm.free_node = "n1"
+    pods.upsert(make_pod("new", "u1"))
+    await sync.reconcile("ns/new")
+    assert slurm.allocations == 0  # submitted behind the old pod's job
+    await sync.reconcile("ns/old")  # seen: its job is pending, so still behind it
+    slurm.allocate(100, "n2")
+    sync.watch.jobs.pop(100)
+    await sync.reconcile("ns/old")
+    assert kube.bound == {"ns/old": "n2"}
+    new_job = int(job_label(pods.get("ns/new")) or 0)
+    slurm.allocate(new_job, "n3")
+    sync.watch.jobs.pop(new_job)
+    await sync.reconcile("ns/new")
+    pods.upsert(make_pod("third", "u2"))
+    await sync.reconcile("ns/third")
+    assert slurm.allocations == 1  # nothing of ours waits any more

@@ -205,6 +205,7 @@ class GangScheduler:
             self.labelled(pod)
         sync.waiting[job_id] = key
         sync.waits_on[key] = job_id
+        sync.unseen.discard(key)
         sync.watch.track(job_id)
         job = await sync.job(job_id)
         if job is None or job.is_finished:

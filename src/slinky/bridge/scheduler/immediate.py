@@ -9,6 +9,8 @@ the job as usual. Slurm decides in both cases; this module only decides when ask
 worth a request:
 
 - the pod was never refused by Slurm (a refusal is explained by `submit`, not twice);
+- no placeholder job of ours waits in the partition (Slurm refuses a job that would start
+  ahead of a pending one of higher priority: "insufficient priority"; pods go in order);
 - enough of the nodes the pod may use look free in the Slurm informer's cache: the CPUs and
   memory the job asks for unallocated, on an IDLE node with nothing allocated for an
   exclusive job, else on an IDLE or MIXED one; never a node that is draining, down,

@@ -160,6 +160,9 @@ class SchedulerSync:
         self.allocate_at_once = config.immediate_allocation
         self.allocating = asyncio.Lock()
         self.claims = immediate.Claims()
+        # Keys of pods found labelled with a job at start and not placed since: their jobs
+        # may wait in Slurm (made by the replica before this one).
+        self.unseen: set[str] = set()
 
     # ------------------------------------------------------------ which pods
 
@@ -177,6 +180,7 @@ class SchedulerSync:
 
     def forget(self, key: str) -> None:
         self.unfit.discard(key)
+        self.unseen.discard(key)
         job_id = self.waits_on.pop(key, None)
         if job_id is not None:
             self.waiting.pop(job_id, None)
@@ -251,11 +255,14 @@ class SchedulerSync:
         """At start: the jobs already submitted for pods that carry no job-id label yet
         (the scheduler stopped between submit and label). One full read of the job list,
         and only when such a pod exists. Returns how many were found."""
-        unlabelled = {
-            str(p["metadata"]["uid"])
-            for p in self.pods.store.objects()
-            if self.schedulable(p) and podcontrol.job_id_of(p) is None
-        }
+        unlabelled = set()
+        for p in self.pods.store.objects():
+            if not self.schedulable(p):
+                continue
+            if podcontrol.job_id_of(p) is None:
+                unlabelled.add(str(p["metadata"]["uid"]))
+            else:
+                self.unseen.add(placeholder.pod_key(p))
         if not unlabelled:
             return 0
         return len(await self.find_submitted(unlabelled))
@@ -346,13 +353,31 @@ class SchedulerSync:
         """The placeholder job `desc` for the pods `uids`: allocated inside the request when
         enough `allowed` nodes look free (see `immediate`), else submitted to wait for
         Slurm's pass. Raises what `submit_job` raises."""
-        if self.allocate_at_once and not any(u in self.rejections for u in uids):
+        if (
+            self.allocate_at_once
+            and not any(u in self.rejections for u in uids)
+            and not self.pending_in(str(desc["partition"]))
+        ):
             job_id = await self.allocate(desc, allowed)
             if job_id is not None:
                 return job_id
         job_id = await self.slurm.client.submit_job(desc)
         JOBS_CREATED.labels("submitted").inc()
         return job_id
+
+    def pending_in(self, partition: str) -> bool:
+        """Whether a placeholder job of ours waits in `partition`: Slurm would refuse a
+        newer one at once ("insufficient priority"), and rightly, as pods go in order.
+        Until every pod found labelled at start was looked at, its job may be one."""
+        if self.unseen:
+            return True
+        for job_id in self.waiting:
+            if job_id not in self.watch.jobs:
+                return True  # not read yet: it may be
+            job = self.watch.jobs[job_id]
+            if job is not None and job.is_pending and job.partition == partition:
+                return True
+        return False
 
     async def allocate(self, desc: JSON, allowed: list[str]) -> int | None:
         """Ask Slurm to allocate `desc` now if the nodes look free: the job id, or None
@@ -459,6 +484,7 @@ class SchedulerSync:
         key = placeholder.pod_key(pod)
         self.waiting[job_id] = key
         self.waits_on[key] = job_id
+        self.unseen.discard(key)
         self.watch.track(job_id)
         await self.cancel_replaced(pod)
         job = await self.job(job_id)
