@@ -237,6 +237,21 @@ def gang_setup(min_member: int) -> Any:
     return sync, slurm, kube, pods
 
 
+async def submitted_group(sync: Any, slurm: Any, pods: Store) -> int:
+    """Both pods of group `g` created and looked at: its one job (pending: no node is free)."""
+    for p in group_pods(2):
+        pods.upsert(p)
+        await sync.reconcile(f"ns/{p['metadata']['name']}")
+    (job_id,) = slurm.jobs
+    return int(job_id)
+
+
+def allocate(sync: Any, slurm: Any, job_id: int, nodes: str) -> None:
+    """Slurm allocates the job; the watch would drop its cached read on the change."""
+    slurm.allocate(job_id, nodes)
+    sync.watch.jobs.pop(job_id)
+
+
 async def test_a_group_waits_without_a_job_until_it_has_every_pod() -> None:
     sync, slurm, kube, pods = gang_setup(2)
     first = group_pods(2)[0]
@@ -247,16 +262,12 @@ async def test_a_group_waits_without_a_job_until_it_has_every_pod() -> None:
 
 async def test_a_whole_group_gets_one_job_and_binds_only_once_allocated_on_distinct_nodes() -> None:
     sync, slurm, kube, pods = gang_setup(2)
-    for p in group_pods(2):
-        pods.upsert(p)
-        await sync.reconcile(f"ns/{p['metadata']['name']}")
-    (job_id,) = slurm.jobs
+    job_id = await submitted_group(sync, slurm, pods)
     desc = slurm.jobs[job_id]
     assert (desc["minimum_nodes"], desc["maximum_nodes"]) == (2, 2)
     assert [job_label(pods.get(f"ns/g-{i}")) for i in range(2)] == [str(job_id)] * 2
     assert kube.bound == {}  # pending: no pod bound
-    slurm.allocate(job_id, "n[1-2]")
-    sync.watch.jobs.pop(job_id)
+    allocate(sync, slurm, job_id, "n[1-2]")
     await sync.reconcile("ns/g-1")
     assert kube.bound == {"ns/g-0": "n1", "ns/g-1": "n2"}  # rank i -> i-th node, all at once
     assert len(slurm.jobs) == 1
@@ -264,10 +275,7 @@ async def test_a_whole_group_gets_one_job_and_binds_only_once_allocated_on_disti
 
 async def test_a_pod_leaving_a_pending_group_cancels_the_job_and_frees_the_others() -> None:
     sync, slurm, kube, pods = gang_setup(2)
-    for p in group_pods(2):
-        pods.upsert(p)
-        await sync.reconcile(f"ns/{p['metadata']['name']}")
-    (job_id,) = slurm.jobs
+    job_id = await submitted_group(sync, slurm, pods)
     pods.delete("ns/g-0")
     await sync.reconcile("ns/g-0")
     assert slurm.cancelled == [job_id]
@@ -279,12 +287,8 @@ async def test_a_pod_leaving_an_allocated_group_before_any_binding_cancels_the_j
     """Slurm can allocate a group's job before its pods are placed (inside the request,
     even): a pod that leaves then still cancels it, or no one ever would."""
     sync, slurm, kube, pods = gang_setup(2)
-    for p in group_pods(2):
-        pods.upsert(p)
-        await sync.reconcile(f"ns/{p['metadata']['name']}")
-    (job_id,) = slurm.jobs
-    slurm.allocate(job_id, "n[1-2]")
-    sync.watch.jobs.pop(job_id)
+    job_id = await submitted_group(sync, slurm, pods)
+    allocate(sync, slurm, job_id, "n[1-2]")
     pods.delete("ns/g-0")  # before the scheduler placed the group
     await sync.reconcile("ns/g-0")
     assert slurm.cancelled == [job_id]
@@ -296,12 +300,8 @@ async def test_a_group_whose_pod_was_replaced_before_binding_binds_none_and_star
     """The owner replaced a pod (same name, new UID) between allocation and binding: no pod
     of the group is bound alone on the job made for the old one."""
     sync, slurm, kube, pods = gang_setup(2)
-    for p in group_pods(2):
-        pods.upsert(p)
-        await sync.reconcile(f"ns/{p['metadata']['name']}")
-    (job_id,) = slurm.jobs
-    slurm.allocate(job_id, "n[1-2]")
-    sync.watch.jobs.pop(job_id)
+    job_id = await submitted_group(sync, slurm, pods)
+    allocate(sync, slurm, job_id, "n[1-2]")
     again = group_pods(1)[0]
     again["metadata"]["uid"] = "u0-new"
     pods.upsert(again)

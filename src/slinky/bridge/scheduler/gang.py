@@ -248,7 +248,7 @@ class GangScheduler:
             sync.recorder.event(pod, events.WARNING, "NodeNotFound", message, action="Bind")
             return Result(requeue_after=5.0)
         gone = [k for k, p in ours.items() if p is None]
-        if gone and not self.started(comment):
+        if gone and not started(ours):
             # A pod left between the allocation and the binding: all or nothing.
             await self.abandon(group, job_id, f"pod {gone[0]} of {group.describe()} went away")
             return DONE
@@ -343,21 +343,12 @@ class GangScheduler:
         comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
         if comment is None or key not in comment.pods:
             return
-        if job.is_running and self.started(comment):
+        if job.is_running and started(self.pods_of(comment, job_id)):
             return  # its pods run: the workload controller's
         # Pending, or allocated with no pod bound yet (Slurm can allocate inside the
         # request, before the pods are even labelled): without this pod the group cannot
         # start whole, and no one else would ever cancel the job.
         await self.abandon(group, job_id, f"pod {key} of {group.describe()} left")
-
-    def started(self, comment: placeholder.Comment) -> bool:
-        """Whether a pod the job's comment names (that very pod) is bound already."""
-        for k, uid in comment.pods.items():
-            p = self.sync.pods.store.get(k)
-            same = p is not None and (not uid or str(p["metadata"].get("uid")) == uid)
-            if same and p is not None and podcontrol.node_of(p):
-                return True
-        return False
 
     async def abandon(self, group: Group, job_id: int, why: str) -> None:
         """The group's job cannot run whole: the waiting pods lose its label (the workload
@@ -382,6 +373,11 @@ class GangScheduler:
         )
         for p in others:
             self.enqueue(placeholder.pod_key(p))
+
+
+def started(ours: dict[str, JSON | None]) -> bool:
+    """Whether a pod of the job (`GangScheduler.pods_of`) is bound already."""
+    return any(p is not None and podcontrol.node_of(p) for p in ours.values())
 
 
 async def unlabel(kube: rest.Kube, pod: JSON) -> None:
