@@ -203,6 +203,41 @@ async def test_a_pod_runs_where_slurm_placed_it_and_its_job_ends_when_it_exits(
     await pod_gone(env, name, ns)
 
 
+def job_reads(env: BridgeEnv) -> float:
+    """GET /job/<id> requests the bridge made so far (every answer code)."""
+    return env.bridge.metric_sum("slurm_rest_requests_total", 'method="GET"', "/job/{id}")
+
+
+async def test_a_finished_pod_left_in_place_costs_slurm_nothing(
+    bridge: BridgeEnv, managed_node: str
+) -> None:
+    """A Succeeded pod stays (as `kubectl run --restart=Never` and Job pods do): once its
+    job is cancelled and the finalizer gone, the bridge reads nothing more for it. (It
+    re-read the cancelled job hundreds of times a second, for as long as the pod existed.)"""
+    env, ns = bridge, bridge.managed_namespace
+    name = f"left-{uuid.uuid4().hex[:6]}"
+    await env.kube.create(rest.PODS, workload_pod(name, ["sh", "-c", "sleep 1"]), ns)
+    done = await pod_where(
+        env, name, ns, lambda p: p["status"].get("phase") == "Succeeded", "Succeeded", timeout=90
+    )
+    await job_ended(env, job_id(done))
+    await pod_where(
+        env,
+        name,
+        ns,
+        lambda p: FINALIZER not in (p["metadata"].get("finalizers") or []),
+        "finalizer removed",
+        timeout=30,
+    )
+    settled = job_reads(env)
+    # A window in which nothing may happen (no condition to wait for): three seconds held
+    # ~1,000 reads before the fix.
+    await asyncio.sleep(3)
+    assert job_reads(env) - settled <= 1, "the bridge keeps reading a finished pod's job"
+    await env.kube.delete(rest.PODS, name, ns)
+    await pod_gone(env, name, ns)
+
+
 async def test_scancel_of_the_placeholder_job_deletes_its_pod(
     bridge: BridgeEnv, managed_node: str
 ) -> None:

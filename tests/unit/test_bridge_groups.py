@@ -13,7 +13,7 @@ from slinky.bridge import groups, placeholder
 from slinky.bridge.config import parse_config
 from slinky.bridge.groups import GANG, Group, GroupProblem, GroupResolver
 from slinky.bridge.jobwatch import JobWatch
-from slinky.bridge.labels import SLURM_JOBID, SLURMJOB_PREFIX
+from slinky.bridge.labels import FINALIZER, SLURM_JOBID, SLURMJOB_PREFIX
 from slinky.bridge.workload.sync import BY_JOB, WorkloadSync, index_job
 from slinky.kube import rest
 from slinky.kube.store import Store
@@ -328,7 +328,9 @@ def workload_setup(comment_pods: list[JSON]) -> Any:
         "admin_comment": placeholder.admin_comment(comment_pods, scheduler="s1"),
     }
     for p in comment_pods:
+        # The job-id label and the finalizer come in one patch (podcontrol.mark_submitted).
         p["metadata"]["labels"][SLURM_JOBID] = str(job_id)
+        p["metadata"]["finalizers"] = [FINALIZER]
         p["spec"]["nodeName"] = "n1"
         pods.upsert(p)
     kube = DeletingKube(pods)

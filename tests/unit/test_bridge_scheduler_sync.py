@@ -105,7 +105,13 @@ class FakeKube:
             raise rest.ApiError(409, "Conflict", "uid precondition")
         return pod
 
-    async def patch(self, _res: Any, name: str, body: Any, ns: str, **_kw: Any) -> JSON:
+    async def patch(self, _res: Any, name: str, body: Any, ns: str, **kw: Any) -> JSON:
+        if kw.get("kind") == "json":  # only the finalizer's removal is sent as a JSON patch
+            pod = self._pod(name, ns, None)
+            for op in body:
+                if op["op"] == "remove":
+                    del pod["metadata"]["finalizers"][int(op["path"].rsplit("/", 1)[1])]
+            return copy.deepcopy(pod)
         pod = self._pod(name, ns, body.get("metadata", {}).get("uid"))
         meta = body.get("metadata") or {}
         pod["metadata"].setdefault("labels", {}).update(meta.get("labels") or {})

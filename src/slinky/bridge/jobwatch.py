@@ -118,22 +118,26 @@ class JobWatch(BackgroundLoop):
     # ------------------------------------------------------------ reading
 
     async def read(self, job_id: int) -> Job | None:
-        """Read one job now (None: Slurm does not know it); tells `on_change` if it changed."""
+        """Read one job now (None: Slurm does not know it). Only a tracked job's change is
+        told to `on_change`: a caller reading a job it does not track acts on the answer
+        itself, and telling it again would bring it back to read the job once more, for
+        ever (a finished pod's cancelled job was read ~350 times a second that way)."""
         self.reads += 1
         due_before = self._next.get(job_id)
         try:
             job: Job | None = await self.client.get_job(job_id)
         except errors.SlurmNotFound:
             job = None
+        if job_id not in self._next:
+            return job
         known, before = job_id in self.jobs, self.jobs.get(job_id)
-        if job_id in self._next:
-            self.jobs[job_id] = job
-            if (job is None or not job.is_pending) and self._next[job_id] == due_before:
-                # Allocated or ended, and no event made it due while it was read: nothing
-                # to catch early, back to the slow backstop.
-                self._fast.pop(job_id, None)
-                self._interval[job_id] = self.max_interval
-                self._next[job_id] = time.monotonic() + self.max_interval
+        self.jobs[job_id] = job
+        if (job is None or not job.is_pending) and self._next[job_id] == due_before:
+            # Allocated or ended, and no event made it due while it was read: nothing
+            # to catch early, back to the slow backstop.
+            self._fast.pop(job_id, None)
+            self._interval[job_id] = self.max_interval
+            self._next[job_id] = time.monotonic() + self.max_interval
         if not known or _significant(before) != _significant(job):
             self.on_change(job_id)
         return job

@@ -99,13 +99,21 @@ class WorkloadSync:
         if podcontrol.is_terminal(pod) or (
             podcontrol.is_deleting(pod) and not podcontrol.node_of(pod)
         ):
+            if not podcontrol.has_finalizer(pod):
+                # Settled: its job was cancelled before the finalizer went. A finished pod
+                # left in place (Job pods, `kubectl run --restart=Never`) costs nothing.
+                self.watch.untrack(job_id)
+                return DONE
             return await self.pod_finished(pod, job_id)
         if podcontrol.is_deleting(pod):
             return DONE  # still running: the kubelet reports it terminal, which brings it back
         return await self.job_ended(pod, job_id)
 
-    async def job(self, job_id: int) -> Job | None:
-        self.watch.track(job_id)
+    async def job(self, job_id: int, *, track: bool = True) -> Job | None:
+        """The job as last read by the watch, else read now; `track`: keep watching it (a
+        running pod's job), not for a job about to be cancelled."""
+        if track:
+            self.watch.track(job_id)
         if job_id in self.watch.jobs:
             return self.watch.jobs[job_id]
         return await self.watch.read(job_id)
@@ -137,7 +145,7 @@ class WorkloadSync:
         which ends a group's job whatever its other pods do."""
         if not failed and self.others_running(job_id, key):
             return
-        job = await self.job(job_id)
+        job = await self.job(job_id, track=False)
         if job is None or job.is_finished:
             self.watch.untrack(job_id)
             return
@@ -170,9 +178,11 @@ class WorkloadSync:
     # ------------------------------------------------------------ 1. pod gone
 
     async def pod_gone(self, key: str) -> Result:
-        job_id = self.gone.pop(key, None)
+        job_id = self.gone.get(key)
         if job_id is not None:
+            # Forgotten only once cancelled: a failed cancel is retried with the key.
             await self.cancel(job_id, key, f"pod {key} was deleted")
+            self.gone.pop(key, None)
         return DONE
 
     # ------------------------------------------------------------ 2. pod finished

@@ -1,0 +1,118 @@
+"""The workload controller's rules against fakes of the apiserver and slurmrestd: what a
+finished, deleted or running pod does to its placeholder job, and what it costs Slurm."""
+
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+from typing import Any
+
+from slinky.bridge import placeholder
+from slinky.bridge.jobwatch import JobWatch
+from slinky.bridge.labels import FINALIZER, SLURM_JOBID
+from slinky.bridge.workload.sync import BY_JOB, WorkloadSync, index_job
+from slinky.kube import rest
+from slinky.kube.store import Store
+from slinky.slurm import errors
+from slinky.slurm.models import Job
+from tests.unit.test_bridge_groups import CONFIG
+from tests.unit.test_bridge_scheduler_sync import FakeKube, FakeSlurm, make_pod
+
+JSON = dict[str, Any]
+
+
+class CountingSlurm(FakeSlurm):
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[int] = []
+
+    async def get_job(self, job_id: int) -> Job:
+        self.reads.append(job_id)
+        return await super().get_job(job_id)
+
+
+class Kube(FakeKube):
+    """Deletes are recorded; reads answer from the pod store."""
+
+    def __init__(self, pods: Store) -> None:
+        super().__init__(pods)
+        self.deleted: list[str] = []
+
+    async def get(self, _res: Any, name: str, ns: str | None = None) -> JSON:
+        pod = self.pods.get(f"{ns}/{name}")
+        if pod is None:
+            raise rest.ApiError(404, "NotFound", name)
+        return pod
+
+    async def delete(self, _res: Any, name: str, ns: str, **_kw: Any) -> JSON:
+        self.deleted.append(f"{ns}/{name}")
+        return {}
+
+
+def setup(phase: str = "Running") -> tuple[WorkloadSync, CountingSlurm, Kube, Store, list[int]]:
+    """One bound pod `ns/p` with the finalizer and a RUNNING job 7 naming it."""
+    slurm = CountingSlurm()
+    pods = Store({BY_JOB: index_job})
+    pod = make_pod("p", "u1")
+    pod["metadata"]["labels"][SLURM_JOBID] = "7"
+    pod["metadata"]["finalizers"] = [FINALIZER]
+    pod["spec"]["nodeName"] = "n1"
+    pod["status"]["phase"] = phase
+    pods.upsert(pod)
+    slurm.jobs[7] = {
+        "job_id": 7,
+        "job_state": ["RUNNING"],
+        "nodes": "n1",
+        "admin_comment": placeholder.admin_comment([pod], scheduler="s1"),
+    }
+    kube = Kube(pods)
+    changed: list[int] = []
+    sync = WorkloadSync(
+        kube,  # type: ignore[arg-type]
+        config=CONFIG,
+        pods=SimpleNamespace(store=pods),  # type: ignore[arg-type]
+        slurm=SimpleNamespace(client=slurm, informer=SimpleNamespace(poke=lambda: None)),  # type: ignore[arg-type]
+        watch=JobWatch(slurm, on_change=changed.append),  # type: ignore[arg-type]
+        recorder=SimpleNamespace(event=lambda *a, **k: None),  # type: ignore[arg-type]
+    )
+    return sync, slurm, kube, pods, changed
+
+
+async def test_a_finished_pod_left_in_place_costs_slurm_nothing_once_settled() -> None:
+    sync, slurm, _kube, pods, changed = setup(phase="Succeeded")
+    await sync.reconcile("ns/p")
+    assert slurm.cancelled == [7]
+    assert pods.get("ns/p")["metadata"]["finalizers"] == []  # type: ignore[index]
+    reads = len(slurm.reads)
+    for _ in range(5):  # the finalizer's removal, a resync: the pod comes back, as it stays
+        await sync.reconcile("ns/p")
+    assert len(slurm.reads) == reads
+    assert changed == []  # nothing re-queues the pod
+    assert sync.watch.tracked == 0
+
+
+async def test_a_job_read_for_a_cancel_is_not_reported_back_as_a_change() -> None:
+    """The loop behind the flood: a read of a job the watch does not track told the
+    controller "changed", which reconciled the pod, which read the job again."""
+    sync, slurm, _kube, _pods, changed = setup()
+    assert await sync.watch.read(7) is not None
+    slurm.jobs.clear()  # purged by Slurm
+    assert await sync.watch.read(7) is None
+    assert changed == []
+    sync.watch.track(7)
+    await sync.watch.read(7)
+    assert changed == [7]  # a tracked job still says what it became
+
+
+async def test_a_deleted_pods_job_whose_cancel_failed_is_cancelled_on_the_retry() -> None:
+    sync, slurm, _kube, pods, _changed = setup()
+    pods.delete("ns/p")
+    sync.gone["ns/p"] = 7
+    slurm.refuse_cancel = True
+    with contextlib.suppress(errors.SlurmUnavailable):  # the controller retries with backoff
+        await sync.reconcile("ns/p")
+    assert slurm.cancelled == []
+    slurm.refuse_cancel = False
+    await sync.reconcile("ns/p")
+    assert slurm.cancelled == [7]
+    assert sync.gone == {}
