@@ -45,6 +45,9 @@ def slurm_conf(
         "SlurmdTimeout=300",
         "MailProg=/bin/true",
         "MinJobAge=300",
+        # Partitions the operator makes over REST survive slurmctld restarts and
+        # reconfigures (without it, slurmctld forgets them and fails every job in them).
+        "ReconfigFlags=KeepPartInfo",
         "PartitionName=all Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
         # slurm-bridge: EXTERNAL nodes registered with feature slurm-bridge join this
         # partition through the NodeSet (REST cannot create NodeSets).

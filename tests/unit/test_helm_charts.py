@@ -18,6 +18,7 @@ from slinky.bridge.admission import manifests
 from slinky.bridge.config import parse_config
 from slinky.operator import main as operator_main
 from slinky.operator.autoscale.metrics import NODESET_METRICS, PARTITION_METRICS
+from slinky.operator.nodeset import partition
 from slinky_testbed import paths
 
 JSON = dict[str, Any]
@@ -475,12 +476,40 @@ def test_one_nodeset_and_partition_per_compute_entry(tmp_path: Path) -> None:
         assert slurmd["name"] == "slurmd"
     cpu = nodesets["slurm-compute-cpu"]["template"]["spec"]["containers"][0]
     assert cpu["args"] == ["--conf", "CPUs=4 RealMemory=8000"]
+    # The operator makes each partition (kept across slurmctld restarts by KeepPartInfo), so
+    # removing an entry changes no slurm.conf line and restarts nothing.
+    partitions = {name: spec.get("partition") for name, spec in nodesets.items()}
+    assert partitions == {
+        "slurm-compute-cpu": {
+            "enabled": True,
+            "name": "cpu",
+            "config": "MaxTime=UNLIMITED State=UP",
+        },
+        "slurm-compute-gpu": {
+            "enabled": True,
+            "name": "accel",
+            "config": "MaxTime=UNLIMITED State=UP",
+        },
+        "slurm-compute-spare": None,
+    }
+    claims = {
+        o["metadata"]["name"]: (o["metadata"].get("annotations") or {}).get(
+            partition.ANNOTATION_PARTITION
+        )
+        for o in kinds(objs, "NodeSet")
+    }
+    assert claims == {
+        "slurm-compute-cpu": "cpu",
+        "slurm-compute-gpu": "accel",
+        "slurm-compute-spare": None,
+    }
     conf = slurm_conf(objs)
-    assert "NodeSet=slurm-compute-cpu Feature=slurm-compute-cpu" in conf
-    assert "PartitionName=cpu Nodes=slurm-compute-cpu MaxTime=UNLIMITED State=UP" in conf
-    assert "PartitionName=accel Nodes=slurm-compute-gpu MaxTime=UNLIMITED State=UP" in conf
-    assert not [line for line in conf if "slurm-compute-spare" in line]
+    assert "ReconfigFlags=KeepPartInfo" in conf
+    assert not [line for line in conf if line.startswith("NodeSet=") or "slurm-compute" in line]
     assert "PartitionName=all Nodes=ALL Default=YES MaxTime=UNLIMITED State=UP" in conf
+    for spec in nodesets.values():  # every option the chart gives is one the operator takes
+        if spec.get("partition"):
+            partition.parse_config(spec["partition"]["config"])
 
 
 def test_two_nodesets_with_one_name_are_refused(tmp_path: Path) -> None:

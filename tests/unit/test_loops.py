@@ -79,11 +79,88 @@ async def test_slurm_jobs_are_polled_only_while_someone_wants_them() -> None:
     assert asked == ["nodes"] and not inf.jobs_synced
     inf.want_jobs("metrics", True)
     await inf.poll_once()
-    assert sorted(asked[1:]) == ["jobs", "nodes", "partitions"] and inf.jobs_synced
+    assert sorted(asked[1:]) == ["jobs", "nodes"] and inf.jobs_synced
     inf.want_jobs("metrics", False)
     assert not inf.jobs_synced, "not polled any more: the job cache goes stale"
     await inf.poll_once()
-    assert asked[4:] == ["nodes"]
+    assert asked[3:] == ["nodes"]
+
+
+class DeltaSlurm:
+    """A slurmrestd with update times: a list is answered in full when asked without
+    `update_time` or when something changed since, else 304 (jobs: an empty answer)."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.updated = {"nodes": 10, "jobs": 10, "partitions": 10}
+        self.partitions = [{"name": "p", "nodes": {"configured": ""}, "partition": {}}]
+
+    def handler(self, req: httpx2.Request) -> httpx2.Response:
+        if req.url.path == "/openapi/v3":
+            return httpx2.Response(200, json={"paths": {"/slurm/v0.0.45/ping/": {}}})
+        kind = req.url.path.rstrip("/").rsplit("/", 1)[-1]
+        self.asked.append(kind)
+        since = req.url.params.get("update_time")
+        last = {"set": True, "infinite": False, "number": self.updated[kind]}
+        if since is not None and int(since) >= self.updated[kind]:
+            if kind == "jobs":
+                return httpx2.Response(200, json={"jobs": [], "last_update": {"number": 0}})
+            return httpx2.Response(304)
+        items = self.partitions if kind == "partitions" else []
+        return httpx2.Response(200, json={kind: items, "last_update": last})
+
+    def client(self) -> SlurmClient:
+        client = SlurmClient("http://slurm.test", StaticToken("t", user="u"))
+        client.http = httpx2.AsyncClient(
+            base_url=client.url, transport=httpx2.MockTransport(self.handler)
+        )
+        return client
+
+
+async def test_partitions_are_read_first_then_only_when_slurm_changed_something() -> None:
+    slurm = DeltaSlurm()
+    inf = SlurmInformer(slurm.client(), poll_interval=0.01, idle_interval=3600)
+    events: list[tuple[str, str, str]] = []
+    inf.subscribe(lambda e: events.append((e.kind, e.type, e.name)))
+    inf.want_partitions("nodeset", True)
+    inf.start()
+    try:
+        await wait_for(lambda: _true(inf.partitions_synced), timeout=5, what="first read")
+        assert ("partition", "ADDED", "p") in events
+        asked = len(slurm.asked)
+        for _ in range(3):  # nothing changed: node deltas answer 304, no partition read
+            assert await inf.refresh(timeout=5)
+        assert slurm.asked[asked:] == ["nodes"] * 3
+        # A restart: slurmctld advances its update times and forgot the partition.
+        slurm.updated = {k: v + 1 for k, v in slurm.updated.items()}
+        slurm.partitions = []
+        assert await inf.refresh(timeout=5)
+        await wait_for(
+            lambda: _true(("partition", "DELETED", "p") in events),
+            timeout=5,
+            what="the lost partition seen",
+        )
+    finally:
+        await inf.stop()
+
+
+async def test_jobs_asked_for_an_answer_are_polled_alone_and_reused_while_fresh() -> None:
+    slurm = DeltaSlurm()
+    inf = SlurmInformer(slurm.client(), poll_interval=0.01, idle_interval=3600, watch_jobs=True)
+    inf.start()
+    try:
+        await wait_for(lambda: _true(inf.has_synced), timeout=5, what="first poll")
+        asked = len(slurm.asked)
+        assert await inf.refresh_jobs("hpa", max_age=60, timeout=5)
+        assert slurm.asked[asked:] == ["jobs"] and inf.jobs_synced
+        assert await inf.refresh_jobs("hpa", max_age=60, timeout=5)
+        assert slurm.asked[asked:] == ["jobs"], "fresh enough: answered from the cache"
+        assert await inf.refresh_jobs("hpa", max_age=0, timeout=5)
+        assert slurm.asked[asked:] == ["jobs", "jobs"]
+        inf.release_jobs("hpa")
+        assert not inf.jobs_synced
+    finally:
+        await inf.stop()
 
 
 async def test_refresh_waits_for_a_poll_made_after_it_was_asked() -> None:

@@ -84,6 +84,7 @@ class ClusterClients:
         conn.informer.subscribe(forward)
         if self.watch_jobs:
             conn.informer.want_jobs(WATCH_JOBS_KEY, True)
+            conn.informer.want_partitions(WATCH_JOBS_KEY, True)
         self._by_key[conn.cluster_key] = conn
         conn.informer.start()
         CONNECTED.labels(conn.cluster_key, conn.server).set(1)

@@ -80,23 +80,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p,
         "--cluster-ping-interval",
         default="60s",
-        help="how often each Cluster's slurmctld is pinged (status lastPingTime); the idle "
-        "node poll notices an unreachable slurmrestd in between",
+        help="how often each Cluster's slurmctld is checked (status lastPingTime): a node poll "
+        "answered within the interval counts, else slurmctld is pinged",
     )
     flags.add_duration(
         p,
         "--slurm-idle-poll-interval",
-        default="30s",
-        help="how often Slurm is polled while nothing waits on it (a Cluster's "
-        "spec.pollInterval applies while a pod is drained or an update runs)",
+        default="60s",
+        help="how often Slurm nodes are polled while nothing waits on them (a Cluster's "
+        "spec.pollInterval applies while a pod is drained or an update runs); an unchanged "
+        "poll costs one small request",
     )
     flags.add_bool(
         p,
         "--slurm-watch-jobs",
         default=False,
-        help="poll Slurm jobs and partitions all the time, so the slurm_*_jobs_* gauges on "
-        "/metrics are always exported (for Prometheus-based autoscalers); otherwise they are "
-        "polled only while the external metrics API is asked",
+        help="poll Slurm jobs with every node poll, so the slurm_*_jobs_* gauges on /metrics "
+        "are always exported (for Prometheus-based autoscalers); otherwise jobs are polled "
+        "only when the external metrics API is asked",
     )
     flags.add_duration(
         p,

@@ -1,19 +1,31 @@
-"""The Slurm informer: a cache of Slurm nodes (and, on request, jobs) and the event channel
-that tells controllers what changed.
+"""The Slurm informer: a cache of Slurm nodes (and, on request, partitions and jobs) and the
+event channel that tells controllers what changed.
 
-Polling costs slurmrestd requests, so the informer polls only as much as someone needs:
-every `poll_interval` while a controller waits on Slurm (`demand`: a pod being drained, an
-update), every `idle_interval` otherwise; jobs and partitions only while someone wants them
-(`want_jobs`: the autoscaling metrics), in the same poll as the nodes. `refresh` waits for a
-poll made after the call, for a reader that must answer from a current view.
+Polling costs slurmrestd requests, so the informer asks only for what someone needs, only
+as often as they need it:
 
-slurmrestd has no watch. Polling with `update_time` costs one small request per interval
-while nothing changes (HTTP 304 for nodes, an empty answer for jobs); when something did
-change slurmctld returns the whole list, which is diffed against the cache so subscribers
-get one event per node that really changed (volatile counters such as CPU load are ignored).
-A periodic full list, whatever `update_time` says, is the backstop that detects anything
-missed. While slurmrestd is unreachable the cache keeps the last state, the informer reports
-itself stale, and polls back off; the first successful poll re-lists and catches up.
+- nodes every `poll_interval` while a controller waits on Slurm (`demand`: a pod being
+  drained, an update), every `idle_interval` otherwise;
+- partitions while someone keeps partitions (`want_partitions`: NodeSets that own one), but
+  only when something may have changed them: the first time, after slurmrestd was
+  unreachable, when a node or job delta came back with a list (slurmctld advanced its update
+  time: a change, or a restart or reconfigure, which is when a partition slurmctld did not
+  keep goes missing), when poked (`poke(partitions=True)`, after writing one) and at the
+  periodic resync;
+- jobs at every node poll while someone watches them all the time (`want_jobs`, e.g.
+  `--slurm-watch-jobs` for Prometheus), otherwise only when a reader asks for a view of at
+  most a given age (`refresh_jobs`: the external metrics API answering an HPA), in a poll of
+  its own that asks nothing else.
+
+slurmrestd has no watch. Polling with `update_time` costs one small request while nothing
+changed (HTTP 304 for nodes and partitions, an empty answer for jobs); when something did,
+slurmctld returns the whole list (for jobs: every job), which is diffed against the cache so
+subscribers get one event per object that really changed (volatile counters such as CPU
+load are ignored). slurmctld advances the update time at every restart and reconfigure, so
+a delta poll sees those too. A periodic full list (`resync_interval`), whatever
+`update_time` says, is the backstop for what does not advance it (an admin deleting a node).
+While slurmrestd is unreachable the cache keeps the last state, the informer reports itself
+stale, and polls back off; the first successful poll re-lists and catches up.
 """
 
 from __future__ import annotations
@@ -22,7 +34,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -58,9 +70,10 @@ VOLATILE_JOB_FIELDS = frozenset(
 
 @dataclass(frozen=True)
 class SlurmEvent:
-    """One change seen in Slurm. `kind` is "node", "job" or "informer" (for STALE/FRESH)."""
+    """One change seen in Slurm. `kind` is "node", "job", "partition" or "informer" (for
+    STALE/FRESH)."""
 
-    kind: Literal["node", "job", "informer"]
+    kind: Literal["node", "job", "partition", "informer"]
     type: EventType
     name: str
     old: Any = None
@@ -69,7 +82,7 @@ class SlurmEvent:
 
 Subscriber = Callable[[SlurmEvent], None]
 K = TypeVar("K", str, int)
-V = TypeVar("V", Node, Job)
+V = TypeVar("V", Node, Job, Partition)
 
 
 def _significant(raw: dict[str, Any], volatile: frozenset[str]) -> dict[str, Any]:
@@ -83,7 +96,7 @@ class SlurmInformer(BackgroundLoop):
         *,
         poll_interval: float = 2.0,
         idle_interval: float | None = None,
-        resync_interval: float = 30.0,
+        resync_interval: float = 300.0,
         watch_jobs: bool = False,
         max_backoff: float = 30.0,
     ) -> None:
@@ -91,14 +104,11 @@ class SlurmInformer(BackgroundLoop):
         self.poll_interval = poll_interval
         self.idle_interval = idle_interval
         self.resync_interval = resync_interval
-        self.watch_jobs = watch_jobs
+        self.watch_jobs = watch_jobs  # jobs may be polled at all (the bridge never does)
         self.max_backoff = max_backoff
         self.nodes: dict[str, Node] = {}
         self.jobs: dict[int, Job] = {}
-        # With watch_jobs, while someone wants them (`want_jobs`): jobs, and partitions by
-        # name (autoscaling metrics name them).
         self.partitions: dict[str, Partition] = {}
-        self._partition_update = 0
         self.stale = True
         self.last_error: str = ""
         self.last_success = 0.0
@@ -107,22 +117,36 @@ class SlurmInformer(BackgroundLoop):
         self.unchanged_polls = 0
         self._node_sig: dict[str, dict[str, Any]] = {}
         self._job_sig: dict[int, dict[str, Any]] = {}
+        self._part_sig: dict[str, dict[str, Any]] = {}
         self._node_update = 0
         self._job_update = 0
+        self._partition_update = 0
         self._last_resync = 0.0
         self._synced = asyncio.Event()
         self._subscribers: list[Subscriber] = []
         self._node_list_subscribers: list[Callable[[], None]] = []
         self._wake = asyncio.Event()
         self._full_next = False
+        self._nodes_next = True  # poll nodes in the next round, whatever the interval says
+        self._partitions_next = False
+        self._jobs_next = False  # a reader asked for jobs (`refresh_jobs`)
         self._demand: dict[str, float] = {}  # who waits on Slurm -> since when (monotonic)
-        self._job_wants: set[str] = set()  # who wants jobs and partitions polled
+        self._job_wants: set[str] = set()  # who wants jobs polled with every node poll
+        self._job_readers: set[str] = set()  # who reads jobs polled on request
+        self._partition_wants: set[str] = set()
         self.jobs_synced = False  # the job cache reflects a poll made while jobs were wanted
-        self._last_poll_done = 0.0
-        self._polls_started = 0
-        self._polls_ended = 0
-        self._polls_done = 0  # the number (`_polls_started`) of the last poll that succeeded
-        self._poll_ended = asyncio.Event()  # set and replaced at the end of every poll
+        self.partitions_synced = False  # likewise for partitions
+        self._last_poll_done = 0.0  # monotonic end of the last successful node poll
+        self._last_jobs_done = 0.0  # and of jobs
+        self._rounds_started = 0
+        self._rounds_ended = 0
+        self._round_ended = asyncio.Event()  # set and replaced at the end of every round
+        # The number of the last round that polled nodes (resp. jobs) successfully, and
+        # how many node polls were started.
+        self._nodes_done = 0
+        self._jobs_done = 0
+        self._node_polls_started = 0
+        self._node_polls_done = 0
 
     def __repr__(self) -> str:
         return f"<SlurmInformer {self.client.url} nodes={len(self.nodes)} stale={self.stale}>"
@@ -158,6 +182,8 @@ class SlurmInformer(BackgroundLoop):
     async def wait_synced(self) -> None:
         await self._synced.wait()
 
+    # ------------------------------------------------------------ what is wanted
+
     def demand(self, key: str, wanted: bool) -> None:
         """`key` (e.g. a NodeSet) waits on Slurm (`wanted`) or no longer does. While anyone
         waits the informer polls every `poll_interval`, otherwise every `idle_interval`."""
@@ -168,45 +194,97 @@ class SlurmInformer(BackgroundLoop):
             self._demand.pop(key, None)
 
     def want_jobs(self, key: str, wanted: bool) -> None:
-        """`key` reads jobs and partitions (`wanted`) or no longer does. Only while someone
-        does are they polled (with the nodes, at the same cadence); the first poll after
-        they became wanted lists them in full (`jobs_synced` until then False)."""
-        if not self.watch_jobs:
-            raise ValueError(f"{self}: jobs are not watched (watch_jobs=False)")
+        """`key` reads jobs (`wanted`) or no longer does: polled with every node poll while
+        anyone does (the first such poll lists them in full; `jobs_synced` until then
+        False)."""
+        self._check_jobs()
         if wanted:
             self._job_wants.add(key)
         else:
             self._job_wants.discard(key)
-            if not self._job_wants:
-                self.jobs_synced = False  # not polled from now on: the cache goes stale
+            self._lost_job_reader()
+
+    def release_jobs(self, key: str) -> None:
+        """`key` no longer reads jobs through `refresh_jobs`."""
+        self._job_readers.discard(key)
+        self._lost_job_reader()
+
+    def _lost_job_reader(self) -> None:
+        if not self._job_wants and not self._job_readers:
+            self.jobs_synced = False  # not polled from now on: the cache goes stale
+
+    def _check_jobs(self) -> None:
+        if not self.watch_jobs:
+            raise ValueError(f"{self}: jobs are not watched (watch_jobs=False)")
+
+    def want_partitions(self, key: str, wanted: bool) -> None:
+        """`key` keeps partitions (`wanted`) or no longer does (see the module docstring
+        for when they are polled)."""
+        if wanted and key not in self._partition_wants:
+            self._partition_wants.add(key)
+            if not self.partitions_synced:
+                self.poke(partitions=True)
+        elif not wanted:
+            self._partition_wants.discard(key)
+            if not self._partition_wants:
+                self.partitions_synced = False
 
     @property
     def polling_jobs(self) -> bool:
-        return self.watch_jobs and bool(self._job_wants)
+        return self.watch_jobs and bool(self._job_wants or self._job_readers)
+
+    @property
+    def polling_partitions(self) -> bool:
+        return bool(self._partition_wants)
 
     async def refresh(self, timeout: float) -> bool:
-        """Wait (at most `timeout` seconds) for a poll that starts after this call; True
-        when it succeeded. Concurrent callers share the same poll."""
-        target = self._polls_started + 1
-        self.poke()
+        """Wait (at most `timeout` seconds) for a node poll that starts after this call;
+        True when it succeeded. Concurrent callers share the same poll."""
+        return await self._round(self.poke, lambda: self._nodes_done, timeout)
+
+    async def refresh_jobs(self, key: str, *, max_age: float, timeout: float) -> bool:
+        """A view of the jobs at most `max_age` seconds old, polled for `key` when the last
+        is older (a poll of jobs alone: it asks slurmrestd nothing else). True when the
+        cache is that fresh."""
+        self._check_jobs()
+        self._job_readers.add(key)
+        if self.jobs_synced and time.monotonic() - self._last_jobs_done <= max_age:
+            return True
+
+        def ask() -> None:
+            self._jobs_next = True
+            self._wake.set()
+
+        return await self._round(ask, lambda: self._jobs_done, timeout)
+
+    async def _round(
+        self, ask: Callable[[], None], done: Callable[[], int], timeout: float
+    ) -> bool:
+        """Ask for a poll and wait until one that started after the ask has `done` it; a
+        round that ended without it (failed, or polled other things) makes us ask again."""
+        target = self._rounds_started + 1
+        ask()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
-                while self._polls_ended < target:
-                    await self._poll_ended.wait()
-        return self._polls_done >= target
+                while done() < target:
+                    if self._rounds_ended >= target:
+                        target = self._rounds_started + 1
+                        ask()
+                    await self._round_ended.wait()
+        return done() >= target
 
     def mark(self) -> int:
-        """A point in the informer's history, for `shows_since`."""
-        return self._polls_started
+        """A point in the informer's history of node polls, for `shows_since`."""
+        return self._node_polls_started
 
     def shows_since(self, mark: int) -> bool:
-        """Whether a poll that started after `mark` succeeded: the cache then shows what
-        changed in Slurm before the mark was taken."""
-        return self._polls_done > mark
+        """Whether a node poll that started after `mark` succeeded: the cache then shows
+        what changed in Slurm before the mark was taken."""
+        return self._node_polls_done > mark
 
     @property
     def polled_ago(self) -> float:
-        """Seconds since the last successful poll ended."""
+        """Seconds since the last successful node poll ended."""
         return time.monotonic() - self._last_poll_done
 
     def fresh_for(self, key: str) -> bool:
@@ -221,12 +299,16 @@ class SlurmInformer(BackgroundLoop):
             return self.poll_interval
         return max(self.poll_interval, self.idle_interval)
 
-    def poke(self, *, full: bool = False) -> None:
+    def poke(self, *, full: bool = False, partitions: bool = False) -> None:
         """Poll now (after we changed something and want to see the result early).
         `full`: list everything, as slurmctld does not advance `update_time` when a node is
-        deleted, so a delta poll would not show the deletion."""
+        deleted, so a delta poll would not show the deletion; `partitions`: read them too
+        (after writing one)."""
         if full:
             self._full_next = True
+        if partitions:
+            self._partitions_next = True
+        self._nodes_next = True
         self._wake.set()
 
     # ------------------------------------------------------------ lifecycle
@@ -236,13 +318,18 @@ class SlurmInformer(BackgroundLoop):
 
     async def run(self) -> None:
         backoff = Backoff(self.poll_interval * 2, self.max_backoff)
+        next_nodes = 0.0  # monotonic time the next node poll is due
         while True:
             # Cleared before the poll: a poke made while it runs asks for another one.
             self._wake.clear()
+            nodes = self._nodes_next or self.stale or time.monotonic() >= next_nodes
+            self._nodes_next = False
+            delay: float | None = None
             try:
-                await self.poll_once()
+                await self.poll_once(nodes=nodes)
                 backoff.reset()
-                delay = self.interval
+                if nodes:
+                    next_nodes = time.monotonic() + self.interval
             except errors.SlurmError as e:
                 if cancelling():
                     raise asyncio.CancelledError from e
@@ -254,64 +341,100 @@ class SlurmInformer(BackgroundLoop):
                 self._mark_stale(f"unexpected payload from slurmrestd: {type(e).__name__}: {e}")
                 delay = backoff.next()
             finally:
-                self._polls_ended = self._polls_started
-                ended, self._poll_ended = self._poll_ended, asyncio.Event()
+                self._rounds_ended = self._rounds_started
+                ended, self._round_ended = self._round_ended, asyncio.Event()
                 ended.set()
+            if delay is None:
+                if self._nodes_next or self._partitions_next or self._jobs_next:
+                    continue  # a delta showed a change: read what it concerns at once
+                delay = max(0.0, next_nodes - time.monotonic())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)
 
-    async def poll_once(self) -> None:
-        """One poll: deltas, or a full list when due (or after being stale). Nodes, jobs and
-        partitions are asked concurrently: a poll takes one round trip, not three."""
+    async def poll_once(self, *, nodes: bool = True) -> None:
+        """One round: nodes (deltas, or a full list when due or after being stale), jobs
+        (with every node poll while watched, or when a reader asked), partitions (when
+        something may have changed them), concurrently: one round trip, not three."""
         now = time.monotonic()
         full = self.stale or self._full_next or now - self._last_resync >= self.resync_interval
+        nodes = nodes or full
         self._full_next = False
         self.polls += 1
-        self._polls_started += 1
-        number = self._polls_started
-        with_jobs = self.polling_jobs
+        self._rounds_started += 1
+        number = self._rounds_started
+        with_jobs = self.polling_jobs and (self._jobs_next or (nodes and bool(self._job_wants)))
+        self._jobs_next = False
+        with_parts = self.polling_partitions and (
+            self._partitions_next or full or not self.partitions_synced
+        )
+        self._partitions_next = False
         full_jobs = full or not self.jobs_synced
-        node_call = self.client.list_nodes(update_time=None if full else self._node_update)
+        full_parts = full or not self.partitions_synced
+        calls: dict[str, Awaitable[tuple[Any, int]]] = {}
+        if nodes:
+            self._node_polls_started += 1
+            calls["nodes"] = self.client.list_nodes(update_time=None if full else self._node_update)
         if with_jobs:
-            (nodes, last), (jobs, job_last), (parts, part_last) = await asyncio.gather(
-                node_call,
-                self.client.list_jobs(update_time=None if full_jobs else self._job_update),
-                self.client.list_partitions_since(None if full_jobs else self._partition_update),
+            calls["jobs"] = self.client.list_jobs(
+                update_time=None if full_jobs else self._job_update
             )
-        else:
-            nodes, last = await node_call
-            jobs, job_last, parts, part_last = None, self._job_update, None, self._partition_update
-        if full:
-            self.full_lists += 1
-            self._last_resync = now
-        if nodes is not None:
-            self._diff_nodes(nodes)
-            if not full:
-                for fn in list(self._node_list_subscribers):
-                    try:
-                        fn()
-                    except Exception:
-                        log.exception("%s: node list subscriber failed", self)
-        elif jobs is None:
-            self.unchanged_polls += 1
-        self._node_update = last or self._node_update
-        if with_jobs:
-            if jobs is not None:
-                self._diff_jobs(jobs)
+        if with_parts:
+            calls["partitions"] = self.client.list_partitions_since(
+                None if full_parts else self._partition_update
+            )
+        if not calls:
+            return
+        answers = dict(zip(calls, await asyncio.gather(*calls.values()), strict=True))
+        changed = False
+        if "nodes" in answers:
+            node_list, last = answers["nodes"]
+            if full:
+                self.full_lists += 1
+                self._last_resync = now
+            if node_list is not None:
+                self._diff_nodes(node_list)
+                changed = not full
+                if not full:
+                    for fn in list(self._node_list_subscribers):
+                        try:
+                            fn()
+                        except Exception:
+                            log.exception("%s: node list subscriber failed", self)
+            self._node_update = last or self._node_update
+            self._last_poll_done = time.monotonic()
+            self._node_polls_done = self._node_polls_started
+            self._nodes_done = number
+        if "jobs" in answers:
+            job_list, job_last = answers["jobs"]
+            if job_list is not None:
+                self._diff_jobs(job_list)
+                changed = changed or not full_jobs
+                if not full_jobs and "nodes" not in answers:
+                    self._nodes_next = True  # jobs started or ended: their nodes changed
             self._job_update = job_last or self._job_update
-            if parts is not None:
-                self.partitions = {p.name: p for p in parts}
-            self._partition_update = part_last
             # Still wanted (not dropped while the poll ran): the job view is current.
             self.jobs_synced = self.polling_jobs
+            self._last_jobs_done = time.monotonic()
+            self._jobs_done = number
+        if "partitions" in answers:
+            part_list, part_last = answers["partitions"]
+            if part_list is not None:
+                self._diff_partitions(part_list)
+            self._partition_update = part_last or self._partition_update
+            self.partitions_synced = self.polling_partitions
+        elif changed and self.polling_partitions:
+            # slurmctld changed something (or restarted: every delta comes back then):
+            # whether our partitions are still there is worth one more small request.
+            self._partitions_next = True
+        if not answers.get("nodes", (None,))[0] and not answers.get("jobs", (None,))[0]:
+            self.unchanged_polls += 1
         self.last_success = time.time()
-        self._last_poll_done = time.monotonic()
-        self._polls_done = number
         self.last_error = ""
-        self._synced.set()
-        if self.stale:
-            self.stale = False
-            self._publish(SlurmEvent("informer", "FRESH", self.client.url))
+        if "nodes" in answers:
+            self._synced.set()
+            if self.stale:
+                self.stale = False
+                self._publish(SlurmEvent("informer", "FRESH", self.client.url))
 
     def _mark_stale(self, error: str) -> None:
         self.last_error = error
@@ -343,9 +466,19 @@ class SlurmInformer(BackgroundLoop):
             publish=self._publish,
         )
 
+    def _diff_partitions(self, partitions: list[Partition]) -> None:
+        _diff(
+            "partition",
+            cache=self.partitions,
+            sigs=self._part_sig,
+            fresh={p.name: p for p in partitions},
+            volatile=frozenset(),
+            publish=self._publish,
+        )
+
 
 def _diff(
-    kind: Literal["node", "job"],
+    kind: Literal["node", "job", "partition"],
     *,
     cache: dict[K, V],
     sigs: dict[K, dict[str, Any]],

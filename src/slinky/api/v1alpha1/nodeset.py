@@ -91,6 +91,11 @@ class NodeSetPartition:
 
     enabled: bool = prop(default=False)
     config: str = prop(default="", description="Extra partition options, e.g. MaxTime=60.")
+    name: str | None = prop(
+        description="Partition name (default: the NodeSet's name). It cannot change once "
+        "the operator made the partition.",
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$",
+    )
 
 
 @dataclass

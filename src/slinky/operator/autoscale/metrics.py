@@ -2,10 +2,10 @@
 
 Values come from the informer caches (nodes, jobs and partitions, kept by `update_time`
 deltas), never from a request to Slurm per scrape: one pass over a cluster's cached jobs is
-made once per informer poll and reused until the next poll. Jobs and partitions are polled
-only while someone wants them (the external metrics API while an HPA asks, or
-`--slurm-watch-jobs`); otherwise the job gauges are left out (unknown, not zero) and only
-`nodes_idle` is exported.
+made once per informer poll and reused until the next poll. Jobs are polled only while
+someone wants them (the external metrics API while an HPA asks, or `--slurm-watch-jobs`);
+otherwise the job gauges are left out (unknown, not zero) and only `nodes_idle` is
+exported.
 
 Names follow slurmctld's own openmetrics (`MetricsType=metrics/openmetrics`) so a user can
 point the same HPA/KEDA rule at either source:
@@ -119,7 +119,7 @@ def nodeset_of(node: Node) -> tuple[str, str] | None:
 def compute(informer: SlurmInformer) -> ClusterStats:
     stats = ClusterStats(polls=informer.polls, jobs_known=informer.jobs_synced)
     parts = stats.partitions
-    for name in informer.partitions if stats.jobs_known else ():
+    for name in informer.partitions:
         parts[name] = PartitionStats()
     for job in informer.jobs.values() if stats.jobs_known else ():
         if not counts(job):

@@ -71,7 +71,7 @@ class Auth:
 class Options:
     token_lifetime: float = 900.0
     ping_interval: float = 30.0
-    idle_poll_interval: float = 30.0
+    idle_poll_interval: float = 60.0
     max_retry_interval: float = 60.0
 
 
@@ -179,6 +179,8 @@ class ClusterSync:
             )
 
         conn = await self._connection(key, obj, cspec, auth, poll_interval)
+        if self._answered_lately(conn):
+            return await self._connected(obj, cspec, conn, auth)
         try:
             ping = await conn.client.ping()
         except errors.SlurmAuthError as e:
@@ -209,17 +211,34 @@ class ClusterSync:
                 f"slurmrestd at {cspec.server} answers but slurmctld does not respond to ping",
             )
 
-        self._failures.pop(key, None)
+        return await self._connected(obj, cspec, conn, auth)
+
+    def _answered_lately(self, conn: Connection) -> bool:
+        """Whether slurmctld answered a poll of the informer within the ping interval (a
+        node list comes from slurmctld through slurmrestd): then that answer stands for the
+        ping, and the ping costs Slurm nothing in steady state."""
+        informer = conn.informer
+        return (
+            bool(conn.client.slurm_release)  # pinged once: the version is known
+            and informer.has_synced
+            and not informer.stale
+            and informer.polled_ago < self.opts.ping_interval + informer.interval
+        )
+
+    async def _connected(
+        self, obj: JSON, cspec: ClusterSpec, conn: Connection, auth: Auth
+    ) -> Result:
+        self._failures.pop(conn.cluster_key, None)
         nodes = len(conn.informer.nodes) if conn.informer.has_synced else None
         message = (
-            f"connected to {cspec.server}: Slurm {ping.slurm_version}, "
+            f"connected to {cspec.server}: Slurm {conn.client.slurm_release}, "
             f"data parser {conn.client.version}, {auth.source}"
         )
         if conn.informer.stale and conn.informer.has_synced:
             message += f"; Slurm state is stale ({conn.informer.last_error})"
         status: JSON = {
             "isReady": True,
-            "slurmVersion": ping.slurm_version,
+            "slurmVersion": conn.client.slurm_release,
             "apiVersion": conn.client.version,
             "lastPingTime": conditions.now_rfc3339(),
         }

@@ -9,8 +9,9 @@
 - Kubernetes Nodes: a node cordoned or uncordoned (or its cordon reason changed) enqueues the
   NodeSets with pods on it (index by spec.nodeName).
 - Slurm (the seeds' "Slurm event channel"): a change of Slurm node `X` of Cluster `ns/c`
-  enqueues the NodeSet owning pod `ns/X`; the informer going stale/fresh enqueues every
-  NodeSet of that Cluster.
+  enqueues the NodeSet owning pod `ns/X`; a change of partition `P` (added, changed, gone:
+  slurmctld may lose it at a restart) the NodeSets of that Cluster keeping `P`; the informer
+  going stale/fresh enqueues every NodeSet of that Cluster.
 """
 
 from __future__ import annotations
@@ -37,6 +38,14 @@ MANAGED = f"{builder.LABEL_MANAGED_BY}={builder.MANAGER}"
 def cluster_of_nodeset(obj: JSON) -> list[str]:
     name = (obj.get("spec") or {}).get("clusterName")
     return [f"{obj['metadata']['namespace']}/{name}"] if name else []
+
+
+def partition_of(obj: JSON) -> str | None:
+    """The name of the Slurm partition a NodeSet keeps (spec.partition), if enabled."""
+    spec = (obj.get("spec") or {}).get("partition") or {}
+    if not spec.get("enabled"):
+        return None
+    return str(spec.get("name") or obj["metadata"]["name"])
 
 
 def slim_node(node: JSON) -> JSON:
@@ -152,6 +161,10 @@ def build(
         if event.kind == "informer":
             for ns_obj in nodesets.by_index(BY_CLUSTER, cluster_key):
                 ctrl.enqueue(key_of(ns_obj))
+        elif event.kind == "partition":
+            for ns_obj in nodesets.by_index(BY_CLUSTER, cluster_key):
+                if partition_of(ns_obj) == event.name:
+                    ctrl.enqueue(key_of(ns_obj))
         elif event.kind == "node":
             pod = pods.get(f"{namespace}/{event.name}")
             if pod is not None:

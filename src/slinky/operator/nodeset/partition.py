@@ -1,7 +1,8 @@
 """The NodeSet's own Slurm partition (`spec.partition`).
 
 With `spec.partition.enabled` the operator keeps a Slurm partition named after the NodeSet
-(upstream's convention) through slurmrestd's `POST /partitions/`:
+(upstream's convention; `spec.partition.name` names it otherwise) through slurmrestd's
+`POST /partitions/`:
 
 - its node list is the NodeSet's pods that are registered in Slurm (a partition with no
   nodes is fine: Slurm queues jobs on it, reason `PartitionConfig`, so `replicas: 0` keeps
@@ -12,8 +13,16 @@ With `spec.partition.enabled` the operator keeps a Slurm partition named after t
   annotation `ANNOTATION_PARTITION`, written *before* the partition is created. A partition
   of that name that exists without the annotation belongs to someone else and is never
   changed or deleted;
-- it is deleted when the NodeSet is deleted, after every pod was drained and deleted (the
-  deletion finalizer, `sync.finalize`), or when `enabled` is turned off.
+- Slurm's own view is the partition informer's (`SlurmInformer.want_partitions`): a
+  reconcile sends nothing while Slurm shows the partition as it was written, and a partition
+  slurmctld lost (restarted or reconfigured without `ReconfigFlags=KeepPartInfo`, or deleted
+  by an admin) or changed is written again as soon as the informer sees it (its partition
+  event brings the NodeSet back), at any replica count; `PartitionReady` is true only while
+  the informer shows it;
+- when the NodeSet is deleted, the partition is set DRAIN (no new jobs; queued ones still
+  run) and the jobs already queued in it run on the NodeSet's nodes before they are drained
+  (`queued_jobs`, `sync.finalize`); it is deleted after every pod was drained and deleted,
+  or when `enabled` is turned off.
 
 Problems are reported on the NodeSet condition `PartitionReady`; nothing is deleted on error.
 """
@@ -22,7 +31,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,15 +39,18 @@ from slinky.kube import conditions, events, rest
 from slinky.operator.nodeset.view import Context, View
 from slinky.operator.resources import NODESETS
 from slinky.slurm import errors
+from slinky.slurm.models import csv, expand_hostlist
 
 log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 ANNOTATION_PARTITION = "nodeset.slinky.slurm.net/partition"
+ANNOTATION_SKIP_DRAIN = "nodeset.slinky.slurm.net/delete-without-drain"
+# Pending jobs a deleted NodeSet does not wait for: they would not start soon, if ever.
+NOT_RUNNING_SOON = frozenset(
+    {"JobHeldUser", "JobHeldAdmin", "DependencyNeverSatisfied", "BeginTime"}
+)
 CONDITION = "PartitionReady"
-# A partition that matches what was last written is re-read this often (an admin may have
-# changed it with scontrol); otherwise nothing is sent to Slurm per reconcile.
-RECHECK_S = 60.0
 RETRY_S = 10.0  # after an error: Slurm unreachable, refused, or a conflict resolved by hand
 
 
@@ -179,7 +190,30 @@ def parse_config(text: str) -> JSON:
 
 
 def partition_name(view: View) -> str:
-    return view.name
+    spec = view.spec.partition
+    return (spec.name if spec is not None and spec.name else None) or view.name
+
+
+def matches(want: JSON, have: JSON) -> bool:
+    """Whether Slurm's partition (`have`, as listed) shows what we wrote (`want`): the same
+    nodes, and every option we set that Slurm lists at the same place with the same value
+    (flags are write-only in the listing: not compared)."""
+    want_nodes = set(expand_hostlist((want.get("nodes") or {}).get("configured") or ""))
+    have_nodes = set(expand_hostlist((have.get("nodes") or {}).get("configured") or ""))
+    if want_nodes != have_nodes:
+        return False
+
+    def same(w: Any, h: Any) -> bool:
+        if isinstance(w, dict):
+            return not isinstance(h, dict) or all(k not in h or same(v, h[k]) for k, v in w.items())
+        if isinstance(w, list) and isinstance(h, list):
+            return sorted(map(str, w)) == sorted(map(str, h))
+        return h is None or str(w) == str(h)
+
+    return all(
+        k in ("name", "nodes", "flags") or k not in have or same(v, have[k])
+        for k, v in want.items()
+    )
 
 
 def registered_nodes(view: View) -> list[str]:
@@ -192,13 +226,6 @@ def registered_nodes(view: View) -> list[str]:
 
 
 @dataclass
-class _Applied:
-    uid: str
-    body: JSON
-    at: float
-
-
-@dataclass
 class Outcome:
     """What the step says on the `PartitionReady` condition (None: nothing to say)."""
 
@@ -208,79 +235,101 @@ class Outcome:
 
 
 class Partitions:
-    """The partition step. Keeps what it last wrote per NodeSet so a reconcile that changes
-    nothing sends nothing to Slurm."""
+    """The partition step. Slurm's partitions come from the Cluster's Slurm informer, so a
+    reconcile that changes nothing sends nothing to Slurm."""
 
     def __init__(self) -> None:
-        self._applied: dict[str, _Applied] = {}
+        # (NodeSet UID, partition) pairs the informer has shown: one missing after that was
+        # lost by Slurm, not yet made.
+        self._seen: set[tuple[str, str]] = set()
 
-    def owned(self, view: View) -> bool:
+    def claimed(self, view: View) -> str | None:
+        """The partition name this NodeSet claimed, if any."""
         ann = view.obj["metadata"].get("annotations") or {}
-        return ann.get(ANNOTATION_PARTITION) == partition_name(view)
+        name = ann.get(ANNOTATION_PARTITION)
+        return str(name) if name else None
 
     async def sync(self, ctx: Context, view: View) -> Outcome | None:
         """Create or update the partition (enabled), or delete ours (disabled)."""
         spec = view.spec.partition
         if spec is None or not spec.enabled:
-            if self.owned(view):
+            if view.conn is not None:
+                view.conn.informer.want_partitions(view.key, False)
+            if self.claimed(view) is not None:
                 return await self._delete_disabled(ctx, view)
             if conditions.find((view.obj.get("status") or {}).get("conditions"), CONDITION):
                 # Said on every reconcile, so a status written from a stale cache converges.
                 return Outcome(True, "PartitionDisabled", "spec.partition.enabled is false")
             return None
         name = partition_name(view)
+        claimed = self.claimed(view)
+        if claimed is not None and claimed != name:
+            return Outcome(
+                False,
+                "PartitionRenamed",
+                f"this NodeSet made Slurm partition {claimed}; spec.partition.name {name} "
+                "cannot replace it (set it back, or disable the partition first)",
+            )
         try:
             config = parse_config(spec.config)
         except PartitionConfigError as e:
             return Outcome(False, "InvalidPartitionConfig", f"spec.partition.config: {e}")
         if not view.slurm_ready or view.conn is None:
             return Outcome(False, "SlurmNotReady", f"partition {name} waits for Slurm")
+        informer = view.conn.informer
+        informer.want_partitions(view.key, True)
+        if not informer.partitions_synced:
+            # The first list is on its way; its events bring this NodeSet back.
+            return Outcome(False, "SlurmNotReady", f"partition {name}: reading Slurm's partitions")
         body: JSON = {
             "name": name,
             **config,
             "nodes": {"configured": ",".join(registered_nodes(view))},
         }
-        uid = str(view.obj["metadata"]["uid"])
-        last = self._applied.get(view.key)
-        if (
-            last is not None
-            and last.uid == uid
-            and last.body == body
-            and time.monotonic() - last.at < RECHECK_S
-        ):
-            return Outcome(True, "PartitionReady", self._message(body))
-        client = view.conn.client
-        try:
-            existing = await client.get_partition(name)
-        except errors.SlurmNotFound:
-            existing = None
-        except errors.SlurmError as e:
-            return Outcome(False, "SlurmError", f"partition {name}: cannot read it: {e}")
-        if existing is not None and not self.owned(view):
+        existing = informer.partitions.get(name)
+        if existing is not None and claimed is None:
             return Outcome(
                 False,
                 "PartitionConflict",
                 f"Slurm partition {name} already exists and was not created for this "
                 f"NodeSet (no annotation {ANNOTATION_PARTITION}={name}); it is left alone. "
-                "Rename the NodeSet or remove that partition from Slurm",
+                "Rename the NodeSet (or spec.partition.name) or remove that partition from Slurm",
             )
-        if not self.owned(view):
+        seen = (str(view.obj["metadata"]["uid"]), name)
+        if existing is not None:
+            self._seen.add(seen)
+            if matches(body, existing.raw):
+                return Outcome(True, "PartitionReady", self._message(body))
+        if claimed is None:
             await self._claim(ctx, view, name)
         try:
-            await client.put_partition(body)
+            await view.conn.client.put_partition(body)
         except errors.SlurmError as e:
-            self._applied.pop(view.key, None)
             if errors.ESLURM_INVALID_NODE_NAME in e.error_numbers:
                 # A node of the list left Slurm since the last poll (scale-in): look again.
-                view.conn.informer.poke()
+                informer.poke()
                 return Outcome(False, "NodesChanging", f"partition {name}: {e}; retrying")
             return Outcome(False, "PartitionRefused", f"Slurm refused partition {name}: {e}")
+        informer.poke(partitions=True)
         if existing is None:
-            ctx.recorder.event(
-                view.obj, events.NORMAL, "PartitionCreated", f"Slurm partition {name} created"
+            lost = seen in self._seen
+            reason, what = (
+                (
+                    "PartitionRecreated",
+                    "was gone from Slurm (slurmctld restarted or "
+                    "reconfigured without ReconfigFlags=KeepPartInfo, or an admin deleted it); "
+                    "created again",
+                )
+                if lost
+                else ("PartitionCreated", "created")
             )
-            log.info("nodeset %s: Slurm partition %s created", view.key, name)
-        self._applied[view.key] = _Applied(uid, body, time.monotonic())
+            ctx.recorder.event(
+                view.obj,
+                events.WARNING if lost else events.NORMAL,
+                reason,
+                f"Slurm partition {name} {what}",
+            )
+            log.info("nodeset %s: Slurm partition %s %s", view.key, name, what)
         return Outcome(True, "PartitionReady", self._message(body))
 
     @staticmethod
@@ -296,7 +345,7 @@ class Partitions:
         view.obj = await ctx.kube.patch(NODESETS, meta["name"], patch, meta["namespace"])
 
     async def _delete_disabled(self, ctx: Context, view: View) -> Outcome | None:
-        name = partition_name(view)
+        name = self.claimed(view) or partition_name(view)
         if view.conn is None or not view.slurm_ready:
             return Outcome(
                 False, "SlurmNotReady", f"partition {name} is deleted once Slurm is reachable"
@@ -318,13 +367,59 @@ class Partitions:
             f"Slurm partition {name} deleted (spec.partition.enabled is false)",
         )
 
+    async def queued_jobs(self, ctx: Context, view: View) -> str | None:
+        """The NodeSet is being deleted: its partition is set DRAIN (Slurm takes no new jobs
+        into it, and still runs the queued ones), and while jobs queued in it can still run
+        (the NodeSet has pods to run them; not held or waiting for a far begin time) the
+        nodes are not drained. Returns why the deletion waits, or None when it need not."""
+        name = self.claimed(view)
+        if name is None or view.conn is None or not view.slurm_ready:
+            return None
+        client = view.conn.client
+        shown = view.conn.informer.partitions.get(name)
+        if shown is None or "DRAIN" not in shown.state.split(","):
+            try:
+                await client.put_partition({"name": name, "partition": {"state": ["DRAIN"]}})
+            except errors.SlurmNotFound:
+                return None
+            except errors.SlurmError as e:
+                return f"partition {name} cannot be set DRAIN yet ({e}); retrying"
+            view.conn.informer.poke(partitions=True)
+            ctx.recorder.event(
+                view.obj,
+                events.NORMAL,
+                "PartitionDraining",
+                f"Slurm partition {name} set DRAIN: no new jobs; the queued ones run first",
+            )
+        if not view.active:
+            return None  # no node to run them: the partition's deletion says what waits
+        try:
+            jobs, _ = await client.list_jobs()  # only while a deletion waits
+        except errors.SlurmError as e:
+            return f"cannot read the jobs queued in partition {name} ({e}); retrying"
+        queued = sorted(
+            j.job_id
+            for j in jobs or []
+            if j.is_pending and j.state_reason not in NOT_RUNNING_SOON and name in csv(j.partition)
+        )
+        if not queued:
+            return None
+        shown_ids = ", ".join(map(str, queued[:10])) + (" ..." if len(queued) > 10 else "")
+        return (
+            f"{len(queued)} jobs queued in Slurm partition {name} run first on this NodeSet's "
+            f"nodes (jobs {shown_ids}); the partition is DRAIN, so no new ones come. To stop "
+            f'waiting: cancel them, or annotate the NodeSet {ANNOTATION_SKIP_DRAIN}="true" '
+            "(running jobs are then killed too)"
+        )
+
     async def delete(self, ctx: Context, view: View) -> bool:
         """Delete the partition if it is this NodeSet's; True when it is gone (or was never
         ours). Called by the deletion finalizer once every pod is gone."""
-        self._applied.pop(view.key, None)
-        if not self.owned(view):
+        name = self.claimed(view)
+        if name is None:
             return True
-        name = partition_name(view)
+        if view.conn is not None:
+            view.conn.informer.want_partitions(view.key, False)
         if view.conn is None:
             ctx.recorder.event(
                 view.obj,

@@ -11,8 +11,10 @@
 6. `partition.Partitions.sync` — the NodeSet's Slurm partition (partition.py);
 7. `status.write_status` — status.py.
 
-A NodeSet being deleted runs `scalein.finalize` instead: every pod leaves through the same
-path, and the finalizer goes only when none is left and the NodeSet's partition is deleted.
+A NodeSet being deleted runs `finalize` instead: the jobs queued in its partition run first
+(`partition.Partitions.queued_jobs`), then every pod leaves through the same path
+(`scalein.finalize`), and the finalizer goes only when none is left and the NodeSet's
+partition is deleted.
 
 Pods are built from the Cluster object's `spec.controller` (the `--conf-server` of slurmd),
 never from whether a Slurm connection happens to be up; that address is part of the pod
@@ -45,7 +47,7 @@ from slinky.slurm.models import expand_hostlist
 log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
-ANNOTATION_SKIP_DRAIN = "nodeset.slinky.slurm.net/delete-without-drain"
+ANNOTATION_SKIP_DRAIN = partition.ANNOTATION_SKIP_DRAIN
 WAITING_FOR_TERMINATING_S = 2.0
 REGISTERING_RECHECK_S = 10.0
 CREATES_IN_FLIGHT = 64  # a batch of 2,048 at once only makes a loaded apiserver time out
@@ -112,6 +114,7 @@ class NodeSetSync:
         if obj is None:
             for informer in self.clients.informers():
                 informer.demand(key, False)
+                informer.want_partitions(key, False)
             return DONE
         meta = obj["metadata"]
         if meta.get("deletionTimestamp") and not objects.has_finalizer(obj, FINALIZER):
@@ -350,6 +353,9 @@ class NodeSetSync:
             )
             await objects.remove_finalizer(self.ctx.kube, NODESETS, view.obj, FINALIZER)
             return DONE
+        if queued := await self.partitions.queued_jobs(self.ctx, view):
+            await status.write_status(self.ctx, view, deleting_message=queued)
+            return Result(requeue_after=scalein.DRAIN_RECHECK_S)
         waiting = await scalein.finalize(self.ctx, view)
         if not waiting and not await self.partitions.delete(self.ctx, view):
             message = (
