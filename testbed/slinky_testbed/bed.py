@@ -14,6 +14,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import ssl
 import subprocess
 import time
@@ -709,6 +710,72 @@ class Testbed:
     def restart_component(self, name: str) -> None:
         self.stop_component(name)
         self.start_component(name)
+
+    # ---------------------------------------------------------------- crashes (chaos soak)
+
+    def kill_component(self, name: str) -> None:
+        """SIGKILL one recorded process (and its process group), as a crash would: no
+        shutdown handler runs, no state is saved. Returns once it is gone; start it again
+        with `start_component` (or, for processes of `spawn_extra`, as they were started)."""
+        pid, started = self.load().pids[name]
+        proc = procs.Proc(pid, started)
+        proc.signal(signal.SIGKILL, group=True)
+        deadline = time.monotonic() + 10
+        while proc.alive():
+            procs.reap()
+            if time.monotonic() > deadline:
+                raise TestbedError(f"{name} (pid {pid}) survives SIGKILL")
+            time.sleep(0.05)
+        with (self.dir / "restarts.log").open("a") as f:
+            f.write(f"{name}-killed {time.time():.3f}\n")
+
+    def restart_kubelet(self, node: str, *, timeout: float = 120) -> None:
+        """Stop one real node's kubelet (SIGTERM, as a service restart does; its pods keep
+        running under containerd) and start it again; returns once its healthz answers."""
+        state = self.load()
+        index = state.real_nodes.index(node)
+        pid, started = state.pids[f"kubelet-{node}"]
+        if procs.stop_all([procs.Proc(pid, started)], grace=10):
+            raise TestbedError(f"kubelet-{node} (pid {pid}) did not stop")
+        with (self.dir / "restarts.log").open("a") as f:
+            f.write(f"kubelet-{node} {time.time():.3f}\n")
+        self._start_kubelet(state, index, node)
+        healthz = f"http://{self.names(state).node_ip(index)}:10248/healthz"
+        self._wait(f"kubelet-{node}", lambda: self._http_ok(healthz), timeout)
+
+    def kill_in_container(self, node: str, container_id: str, process: str) -> int:
+        """SIGKILL the process named `process` (its comm) inside one container of a real
+        node, found from the container's init PID as containerd reports it; returns the PID
+        killed. Raises TestbedError when the container or the process is not there."""
+        sock = self.nodes_dir / node / "containerd" / "containerd.sock"
+        listed = subprocess.run(
+            [str(paths.bin_dir() / "ctr"), "--address", str(sock), "-n", "k8s.io", "tasks", "ls"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        init = next(
+            (
+                int(f[1])
+                for f in (ln.split() for ln in listed.stdout.splitlines())
+                if f[:1] == [container_id]
+            ),
+            None,
+        )
+        if init is None:
+            raise TestbedError(f"container {container_id[:12]} has no task on {node}")
+        todo, seen = [init], set()
+        while todo:
+            pid = todo.pop()
+            seen.add(pid)
+            with contextlib.suppress(OSError):
+                if Path(f"/proc/{pid}/comm").read_text().strip() == process:
+                    os.kill(pid, signal.SIGKILL)
+                    return pid
+                for task in Path(f"/proc/{pid}/task").iterdir():
+                    todo += [int(c) for c in (task / "children").read_text().split()]
+            todo = [p for p in todo if p not in seen]
+        raise TestbedError(f"no process {process!r} in container {container_id[:12]} on {node}")
 
     # ---------------------------------------------------------------- readiness probes
 
