@@ -1,0 +1,203 @@
+"""What must always hold between the bridge's pods and their placeholder jobs, judged from
+one snapshot at a time: the pods of the managed namespace as the apiserver lists them, then
+every job as Slurm lists it (in that order: a pod seen bound was bound before its job was
+read, so the job already shows its allocation).
+
+Each invariant has a grace period: the bridge repairs some states itself (a replaced job is
+cancelled just after its successor is submitted; a pod's job is cancelled soon after the pod
+finished), and may be down for a while under chaos. A breach counts once it lasted longer
+than that; at the end of the soak, after the settle period, any breach counts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from slinky.bridge import labels as bridge_labels
+from slinky.bridge import placeholder
+from slinky.bridge.groups import PODGROUP_LABEL
+from slinky.slurm.models import Job, expand_hostlist
+from slinky_testbed import dev_bridge
+
+JSON = dict[str, Any]
+TERMINAL = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    at: float
+    pods: list[JSON]  # the managed namespace, listed first
+    jobs: list[Job]  # every job Slurm knows, listed after the pods
+
+    def placeholders(self) -> list[tuple[Job, placeholder.Comment]]:
+        """Our bridge's placeholder jobs (any state)."""
+        out = []
+        for job in self.jobs:
+            comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
+            if comment is not None and comment.scheduler == dev_bridge.SCHEDULER_NAME:
+                out.append((job, comment))
+        return out
+
+    def live_pods(self) -> dict[str, JSON]:
+        """Pods not finished, by UID."""
+        return {
+            str(p["metadata"]["uid"]): p
+            for p in self.pods
+            if (p.get("status") or {}).get("phase") not in TERMINAL
+        }
+
+
+def _names(pods: dict[str, str]) -> str:
+    return ", ".join(sorted(pods))
+
+
+def duplicate_jobs(s: Snapshot) -> dict[str, str]:
+    """A pod named by two or more live placeholder jobs."""
+    named: dict[str, list[Job]] = {}
+    for job, comment in s.placeholders():
+        if job.is_finished:
+            continue
+        for key, uid in comment.pods.items():
+            named.setdefault(uid or key, []).append(job)
+    return {
+        pod: "pod "
+        + pod
+        + " named by live jobs "
+        + ", ".join(f"{j.job_id} ({'+'.join(j.state)})" for j in jobs)
+        for pod, jobs in named.items()
+        if len(jobs) > 1
+    }
+
+
+def orphaned_jobs(s: Snapshot) -> dict[str, str]:
+    """A live placeholder job none of whose pods is still there and unfinished."""
+    live = s.live_pods()
+    by_key = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p for p in s.pods}
+    out = {}
+    for job, comment in s.placeholders():
+        if job.is_finished:
+            continue
+        if any(uid in live if uid else key in by_key for key, uid in comment.pods.items()):
+            continue
+        what = []
+        for key, uid in comment.pods.items():
+            pod = by_key.get(key)
+            if pod is None or (uid and pod["metadata"]["uid"] != uid):
+                what.append(f"{key} gone")
+            else:
+                what.append(f"{key} {pod['status'].get('phase')}")
+        out[f"job {job.job_id}"] = (
+            f"job {job.job_id} {'+'.join(job.state)} on {job.nodes or '-'} names " + "; ".join(what)
+        )
+    return out
+
+
+def misbound_pods(s: Snapshot) -> dict[str, str]:
+    """A bound, unfinished pod whose node is not where Slurm allocated its job (or whose job
+    pends, or that has no job at all); a gang's pod i must sit on the job's i-th node."""
+    jobs = {j.job_id: j for j in s.jobs}
+    out = {}
+    for pod in s.pods:
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        node = spec.get("nodeName")
+        if not node or (pod.get("status") or {}).get("phase") in TERMINAL:
+            continue
+        key = f"{meta['namespace']}/{meta['name']}"
+        label = (meta.get("labels") or {}).get(bridge_labels.SLURM_JOBID)
+        if not label:
+            out[key] = f"pod {key} bound to {node} without a placeholder job"
+            continue
+        job = jobs.get(int(label))
+        if job is None:
+            continue  # Slurm forgot it: `pods_outliving_jobs` judges that
+        allocated = expand_hostlist(job.nodes)
+        rank = group_rank(pod)
+        if job.is_pending:
+            out[key] = f"pod {key} bound to {node} while its job {job.job_id} is PENDING"
+        elif node not in allocated:
+            out[key] = f"pod {key} bound to {node}; its job {job.job_id} has {job.nodes}"
+        elif rank is not None and (rank >= len(allocated) or allocated[rank] != node):
+            out[key] = (
+                f"gang pod {key} (rank {rank}) bound to {node}; job {job.job_id} lists {job.nodes}"
+            )
+    return out
+
+
+def group_rank(pod: JSON) -> int | None:
+    """The rank of a soak gang's pod (its name ends in -<rank>), None for a single pod."""
+    meta = pod["metadata"]
+    if not (meta.get("labels") or {}).get(PODGROUP_LABEL):
+        return None
+    return int(meta["name"].rsplit("-", 1)[1])
+
+
+def pods_outliving_jobs(s: Snapshot) -> dict[str, str]:
+    """A bound pod that still runs though its job ended in Slurm or Slurm forgot it."""
+    jobs = {j.job_id: j for j in s.jobs}
+    out = {}
+    for pod in s.pods:
+        meta = pod["metadata"]
+        if (pod.get("status") or {}).get("phase") != "Running" or meta.get("deletionTimestamp"):
+            continue
+        label = (meta.get("labels") or {}).get(bridge_labels.SLURM_JOBID)
+        if not label:
+            continue
+        job = jobs.get(int(label))
+        if job is None or job.is_finished:
+            state = "unknown to Slurm" if job is None else "+".join(job.state)
+            out[f"{meta['namespace']}/{meta['name']}"] = (
+                f"pod {meta['namespace']}/{meta['name']} Running on "
+                f"{(pod.get('spec') or {}).get('nodeName')}; its job {label} is {state}"
+            )
+    return out
+
+
+@dataclass(frozen=True)
+class Invariant:
+    name: str
+    grace_s: float
+    breaches: Callable[[Snapshot], dict[str, str]]  # breach key -> evidence
+
+
+INVARIANTS = (
+    Invariant("duplicate placeholder jobs", 60, duplicate_jobs),
+    Invariant("orphaned placeholder jobs", 90, orphaned_jobs),
+    Invariant("pods bound where Slurm did not allocate", 0, misbound_pods),
+    Invariant("pods running without a live job", 90, pods_outliving_jobs),
+)
+
+
+@dataclass
+class Breach:
+    invariant: str
+    key: str
+    first_seen: float
+    last_seen: float
+    evidence: str
+
+
+class InvariantWatch:
+    """Follows each invariant over the snapshots; a breach is recorded once it outlasted the
+    invariant's grace period (or at the final snapshot)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[str, str], float] = {}
+        self.breaches: dict[tuple[str, str], Breach] = {}
+        self.samples = 0
+
+    def sample(self, s: Snapshot, *, final: bool = False) -> None:
+        self.samples += 1
+        for inv in INVARIANTS:
+            now = inv.breaches(s)
+            for key, evidence in now.items():
+                first = self.seen.setdefault((inv.name, key), s.at)
+                if not final and s.at - first < inv.grace_s:
+                    continue
+                breach = self.breaches.get((inv.name, key))
+                if breach is None:
+                    self.breaches[(inv.name, key)] = Breach(inv.name, key, first, s.at, evidence)
+                else:
+                    breach.last_seen = s.at
+            for k in [k for k in self.seen if k[0] == inv.name and k[1] not in now]:
+                del self.seen[k]

@@ -1,0 +1,413 @@
+"""The soak's verdict: what happened to each piece of work, judged from Slurm's and
+Kubernetes' records, and the report (text and JSON).
+
+A batch job that did not end COMPLETED at its first run is *killed* (by us: the operator,
+the bridge, or what the soak did through them), unless Slurm itself explains it:
+- Slurm lost it: the job was accepted, slurmctld was then killed -9, and after the restart
+  Slurm no longer knew it (slurmctld saves its state periodically; what came after the last
+  save is gone);
+- Slurm ended it because the soak killed -9 the slurmd of a node it ran on;
+- Slurm revived it: it had ended, slurmctld was killed -9 before saving that, and the
+  restored job was ended again.
+Those are named apart, each with its evidence; nothing is left out of the counts."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from bench.soak_chaos import CHAOS
+from bench.soak_invariants import INVARIANTS, InvariantWatch
+from bench.soak_metrics import Requests
+from bench.soak_state import BridgePod, Soak, TrackedJob
+
+JSON = dict[str, Any]
+KILLED, SLURM, COMPLETED, UNFINISHED = "killed", "ended by Slurm", "completed", "unfinished"
+POD_OK, POD_BAD, POD_SLURM = "Succeeded", "not Succeeded", "ended by Slurm"
+CONTEXT_S = 30.0  # actions this long before a job ran (a pod was made) count as context
+LOG_LINES_PER_JOB = 8
+_JOB_ID = re.compile(r"JobId=(\d+)\b")
+_NOISE = re.compile(r"0x[0-9a-f]+|[0-9a-f]{8}-[0-9a-f-]{27}|\d+(\.\d+)?")
+
+
+@dataclass
+class Verdict:
+    key: str  # job id or pod name
+    verdict: str
+    why: str
+    evidence: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Report:
+    seed: int
+    duration_s: float
+    intensity: float
+    testbed: str
+    ran_s: float = 0.0
+    settle_s: float = 0.0
+    jobs: dict[str, int] = field(default_factory=dict)
+    job_verdicts: list[Verdict] = field(default_factory=list)
+    submit_failures: int = 0
+    pods: dict[str, int] = field(default_factory=dict)
+    pod_verdicts: list[Verdict] = field(default_factory=list)
+    create_refusals: list[str] = field(default_factory=list)
+    placeholder_jobs: dict[str, int] = field(default_factory=dict)
+    chaos: dict[str, JSON] = field(default_factory=dict)
+    exits: list[str] = field(default_factory=list)
+    hpa_zero_and_back: int = 0
+    invariants: dict[str, list[str]] = field(default_factory=dict)
+    invariant_samples: int = 0
+    stuck: list[str] = field(default_factory=list)
+    log_errors: dict[str, JSON] = field(default_factory=dict)
+    requests_per_minute: JSON = field(default_factory=dict)
+
+    @property
+    def failures(self) -> list[str]:
+        out = []
+        if n := self.jobs.get(KILLED, 0):
+            out.append(f"{n} batch jobs killed")
+        if n := self.jobs.get(UNFINISHED, 0):
+            out.append(f"{n} batch jobs unfinished")
+        if n := self.pods.get(POD_BAD, 0):
+            out.append(f"{n} bridge pods not Succeeded")
+        if n := sum(len(v) for v in self.invariants.values()):
+            out.append(f"{n} invariant breaches")
+        if self.stuck:
+            out.append(f"{len(self.stuck)} stuck objects or unrecovered actions")
+        return out
+
+    def to_json(self) -> JSON:
+        return {**asdict(self), "failures": self.failures, "exit_code": exit_code(self)}
+
+
+def exit_code(report: Report) -> int:
+    return 1 if report.failures else 0
+
+
+# ---------------------------------------------------------------- judging
+
+
+def overlaps(soak: Soak, start: float, end: float) -> list[str]:
+    """The chaos actions and crashes that ran during [start - CONTEXT_S, end]."""
+    out = []
+    for a in soak.actions:
+        if a.started_at <= end and (a.done_at or end) >= start - CONTEXT_S:
+            out.append(f"{soak.rel(a.started_at)} {a.name}: {a.error or a.detail}")
+    out += [
+        f"{soak.rel(t)} {name} exited on its own: {line[:200]}"
+        for t, name, line in soak.exits
+        if start - CONTEXT_S <= t <= end
+    ]
+    return out
+
+
+def judge_job(soak: Soak, job: TrackedJob, slurm_log: dict[int, list[str]]) -> Verdict:
+    key = f"{job.job_id} ({job.name}, {job.partition}, {job.nodes or '?'} nodes, {job.seconds}s)"
+    end = job.ended_at or job.vanished_at or time.time()
+    history = [f"{soak.rel(t)} {s}" for t, s in job.states]
+    evidence = [
+        f"submitted {soak.rel(job.submitted_at)}"
+        + ("" if job.answered else " (submission failed, Slurm made it)"),
+        "Slurm states: " + ", ".join(history),
+        *[f"during: {c}" for c in overlaps(soak, job.running_since or job.submitted_at, end)],
+        *[f"slurmctld.log: {ln}" for ln in slurm_log.get(job.job_id, [])[:LOG_LINES_PER_JOB]],
+    ]
+    if job.vanished_at is not None:
+        kills = [t for t in soak.slurmctld_kills if job.submitted_at - 1 <= t <= job.vanished_at]
+        if kills:
+            return Verdict(
+                key,
+                SLURM,
+                f"lost by Slurm: accepted {kills[0] - job.submitted_at:.1f}s before slurmctld "
+                "was killed -9, unknown after its restart (state saved periodically)",
+                evidence,
+            )
+        return Verdict(
+            key, KILLED, "Slurm forgot it with no slurmctld crash to explain it", evidence
+        )
+    if job.ended_at is None:
+        return Verdict(key, UNFINISHED, f"still {job.final_state} at the end", evidence)
+    if job.first_end == "COMPLETED" and job.final_state == "COMPLETED" and not job.restart_cnt:
+        return Verdict(key, COMPLETED, "", evidence)
+    ran_from = (job.running_since or job.submitted_at) - 5
+    for t, node in soak.slurmd_kills:
+        if node in job.nodes_seen and ran_from <= t <= end + 1:
+            return Verdict(
+                key,
+                SLURM,
+                f"{job.first_end} (restarts {job.restart_cnt}): the soak killed -9 slurmd of "
+                f"{node} at {soak.rel(t)} while the job ran there",
+                evidence,
+            )
+    completed = job.ended_at if job.first_end == "COMPLETED" else None
+    completed = completed or completed_in_log(slurm_log.get(job.job_id, []))
+    revived_by = [t for t in soak.slurmctld_kills if completed and completed <= t <= end]
+    if revived_by:
+        return Verdict(
+            key,
+            SLURM,
+            f"ended COMPLETED at {soak.rel(completed or 0)}, slurmctld was killed -9 at "
+            f"{soak.rel(revived_by[0])} before saving that, restored the job as running and "
+            f"ended it again {job.final_state} (its processes were long gone)",
+            evidence,
+        )
+    reason = job.last.state_reason if job.last else ""
+    return Verdict(
+        key, KILLED, f"{job.first_end} ({reason}), requeued {job.restart_cnt} times", evidence
+    )
+
+
+def judge_pod(soak: Soak, pod: BridgePod, events: dict[str, list[str]]) -> Verdict:
+    key = pod.name + (f" (gang {pod.group})" if pod.group else "")
+    evidence = [
+        f"created {soak.rel(pod.created_at)}, sleep {pod.seconds}s, "
+        f"{'kept' if pod.keep else 'deleted'} once finished",
+        f"bound {soak.rel(pod.bound_at)} to {pod.node}" if pod.bound_at else "never bound",
+        f"placeholder jobs {sorted(pod.job_ids)}",
+        *[f"event: {e}" for e in events.get(pod.name, [])],
+    ]
+    if pod.never_created:
+        return Verdict(
+            key, POD_BAD, "never created: " + "; ".join(pod.create_refusals[-2:]), evidence
+        )
+    if pod.phase == "Succeeded":
+        return Verdict(key, POD_OK, "", evidence)
+    lost = [
+        j
+        for j in pod.job_ids
+        if j in soak.jobs
+        and soak.jobs[j].vanished_at is not None
+        and any(0 <= (soak.jobs[j].vanished_at or 0) - t <= 60 for t in soak.slurmctld_kills)
+    ]
+    if pod.gone_at is not None and lost:
+        return Verdict(
+            key, POD_SLURM, f"its job {lost[0]} was lost by slurmctld's kill -9", evidence
+        )
+    end = pod.finished_at or pod.gone_at or time.time()
+    evidence += [f"during: {c}" for c in overlaps(soak, pod.created_at, end)]
+    if pod.gone_at is not None:
+        return Verdict(
+            key, POD_BAD, f"gone at {soak.rel(pod.gone_at)} before it finished", evidence
+        )
+    return Verdict(key, POD_BAD, f"{pod.phase or 'unknown'} at the end", evidence)
+
+
+def completed_in_log(lines: list[str]) -> float | None:
+    """When slurmctld logged the job's batch script as ended with status 0, if it did."""
+    for line in lines:
+        if "_job_complete:" in line and "WEXITSTATUS 0" in line and line.startswith("["):
+            stamp = line[1 : line.index("]")]
+            return datetime.fromisoformat(stamp).timestamp()
+    return None
+
+
+def slurmctld_lines(path: Path, wanted: set[int]) -> dict[int, list[str]]:
+    out: dict[int, list[str]] = {}
+    if not path.exists():
+        return out
+    for line in path.read_text(errors="replace").splitlines():
+        for m in _JOB_ID.finditer(line):
+            if int(m.group(1)) in wanted:
+                out.setdefault(int(m.group(1)), []).append(line.strip()[:300])
+    return out
+
+
+def log_errors(path: Path) -> JSON:
+    """ERROR lines and tracebacks in one of our logs, and the distinct messages (numbers
+    and ids masked) with their counts."""
+    errors: Counter[str] = Counter()
+    tracebacks = 0
+    if path.exists():
+        for line in path.read_text(errors="replace").splitlines():
+            if line.startswith("Traceback"):
+                tracebacks += 1
+            elif " ERROR " in line:
+                message = line.split(" ERROR ", 1)[1]
+                errors[_NOISE.sub("N", message)[:200]] += 1
+    return {
+        "error_lines": sum(errors.values()),
+        "tracebacks": tracebacks,
+        "distinct": [f"{n}x {m}" for m, n in errors.most_common(20)],
+    }
+
+
+def build(
+    soak: Soak,
+    *,
+    seed: int,
+    duration_s: float,
+    intensity: float,
+    ran_s: float,
+    settle_s: float,
+    invariants: InvariantWatch,
+    requests: Requests,
+    stuck: list[str],
+    events: dict[str, list[str]],
+) -> Report:
+    r = Report(seed, duration_s, intensity, str(soak.bed.dir), ran_s=ran_s, settle_s=settle_s)
+    batch = [j for j in soak.jobs.values() if not j.placeholder]
+    judged = [
+        j
+        for j in batch
+        if not (
+            j.ended_at
+            and j.first_end == "COMPLETED"
+            and j.final_state == "COMPLETED"
+            and not j.restart_cnt
+        )
+    ]
+    log = slurmctld_lines(soak.bed.logs / "slurmctld.log", {j.job_id for j in judged})
+    verdicts = [judge_job(soak, j, log) for j in batch]
+    r.jobs = {"submitted": len(batch), **Counter(v.verdict for v in verdicts)}
+    r.job_verdicts = [v for v in verdicts if v.verdict != COMPLETED]
+    r.submit_failures = len(soak.submit_failures)
+    pods = list(soak.pods.values())
+    pod_verdicts = [judge_pod(soak, p, events) for p in pods]
+    r.pods = {
+        "created": sum(1 for p in pods if not p.never_created),
+        "single": sum(1 for p in pods if not p.group),
+        "in gangs": sum(1 for p in pods if p.group),
+        "left in place": sum(1 for p in pods if p.keep),
+        **Counter(v.verdict for v in pod_verdicts),
+    }
+    r.pod_verdicts = [v for v in pod_verdicts if v.verdict != POD_OK]
+    r.create_refusals = [f"{p.name}: {x}" for p in pods for x in p.create_refusals]
+    placeholders = [j for j in soak.jobs.values() if j.placeholder]
+    r.placeholder_jobs = {"seen": len(placeholders), **Counter(j.final_state for j in placeholders)}
+    for chaos in CHAOS:
+        runs = [a for a in soak.actions if a.name == chaos.name]
+        recovered = [a.recovered_after for a in runs if a.recovered_after is not None]
+        r.chaos[chaos.name] = {
+            "ran": len(runs),
+            "recovered": len(recovered),
+            "recovery_s_max": round(max(recovered), 1) if recovered else None,
+            "errors": [a.error for a in runs if a.error],
+            "what": chaos.what,
+            "recovered_means": chaos.recovered_means,
+        }
+        r.stuck += [
+            f"{soak.rel(a.started_at)} {a.name} not recovered within "
+            f"{chaos.recover_within_s:.0f}s: {a.not_recovered}"
+            for a in runs
+            if a.not_recovered
+        ]
+    r.exits = [f"{soak.rel(t)} {name}: {line[:300]}" for t, name, line in soak.exits]
+    r.hpa_zero_and_back = len(soak.hpa_back_at)
+    for inv in INVARIANTS:
+        r.invariants[inv.name] = [
+            f"{soak.rel(b.first_seen)}..{soak.rel(b.last_seen)} {b.evidence}"
+            for b in invariants.breaches.values()
+            if b.invariant == inv.name
+        ]
+    r.invariant_samples = invariants.samples
+    r.stuck += stuck
+    r.log_errors = {n: log_errors(soak.bed.logs / f"{n}.log") for n in ("operator", "bridge")}
+    r.requests_per_minute = {
+        "slurmrestd": {
+            "operator": round(requests.per_minute("operator", "slurm_rest_requests_total"), 1),
+            "bridge": round(requests.per_minute("bridge", "slurm_rest_requests_total"), 1),
+            "operator top": requests.top(
+                "operator", "slurm_rest_requests_total", ("method", "endpoint")
+            ),
+            "bridge top": requests.top(
+                "bridge", "slurm_rest_requests_total", ("method", "endpoint")
+            ),
+            "soak (its own watch and submissions)": round(
+                soak.slurm.requests_sent / max(1e-9, (time.time() - soak.started_at) / 60), 1
+            ),
+        },
+        "apiserver": {
+            "operator": round(requests.per_minute("operator", "rest_client_requests_total"), 1),
+            "bridge": round(requests.per_minute("bridge", "rest_client_requests_total"), 1),
+            "all clients (apiserver_request_total)": round(
+                requests.per_minute("apiserver", "apiserver_request_total"), 1
+            ),
+            "operator top": requests.top(
+                "operator", "rest_client_requests_total", ("method", "code")
+            ),
+            "bridge top": requests.top("bridge", "rest_client_requests_total", ("method", "code")),
+        },
+        "measured_minutes": round((requests.until - requests.since) / 60, 1),
+        "restarts_seen": {n: c.restarts_seen for n, c in requests.components.items()},
+    }
+    return r
+
+
+# ---------------------------------------------------------------- text
+
+
+def render(r: Report) -> str:
+    def mmss(s: float) -> str:
+        return f"{int(s // 60)}m{int(s % 60):02d}s"
+
+    lines = [
+        f"Chaos soak: seed {r.seed}, {mmss(r.duration_s)} of chaos at intensity {r.intensity}, "
+        f"then {mmss(r.settle_s)} to settle ({r.testbed})",
+        "",
+        "Work",
+        f"  batch jobs submitted {r.jobs.get('submitted', 0)}: COMPLETED "
+        f"{r.jobs.get(COMPLETED, 0)}, killed by us {r.jobs.get(KILLED, 0)}, ended by Slurm "
+        f"{r.jobs.get(SLURM, 0)}, unfinished {r.jobs.get(UNFINISHED, 0)}; "
+        f"submissions that failed {r.submit_failures}",
+        f"  bridge pods created {r.pods.get('created', 0)} ({r.pods.get('single', 0)} single, "
+        f"{r.pods.get('in gangs', 0)} in gangs of 2, {r.pods.get('left in place', 0)} left in "
+        f"place): Succeeded {r.pods.get(POD_OK, 0)}, not Succeeded {r.pods.get(POD_BAD, 0)}, "
+        f"ended by Slurm {r.pods.get(POD_SLURM, 0)}; creations refused {len(r.create_refusals)} "
+        "times (retried)",
+        f"  placeholder jobs seen {r.placeholder_jobs.get('seen', 0)}: "
+        + ", ".join(f"{k} {v}" for k, v in r.placeholder_jobs.items() if k != "seen"),
+        f"  HPA NodeSet compute went to 0 pods and back {r.hpa_zero_and_back} times",
+        "",
+        "Chaos (ran / recovered, slowest recovery)",
+    ]
+    for name, c in r.chaos.items():
+        slowest = f", {c['recovery_s_max']}s" if c["recovery_s_max"] is not None else ""
+        errors = f"; errors: {'; '.join(c['errors'])}" if c["errors"] else ""
+        lines.append(f"  {name:20} {c['ran']:3} / {c['recovered']}{slowest}{errors}")
+    if r.exits:
+        lines += ["  processes that exited on their own (restarted by the soak):"]
+        lines += [f"    {e}" for e in r.exits]
+    lines += ["", f"Invariants ({r.invariant_samples} snapshots)"]
+    for name, breaches in r.invariants.items():
+        lines.append(f"  {name}: {len(breaches)}")
+        lines += [f"    {b}" for b in breaches[:10]]
+    lines += ["", f"Objects stuck / not recovered: {len(r.stuck) or 'none'}"]
+    lines += [f"  {s}" for s in r.stuck]
+    lines += ["", "Errors in our logs"]
+    for name, e in r.log_errors.items():
+        lines.append(f"  {name}: {e['error_lines']} ERROR lines, {e['tracebacks']} tracebacks")
+        lines += [f"    {d}" for d in e["distinct"][:10]]
+    rpm = r.requests_per_minute
+    lines += [
+        "",
+        f"Requests per minute (over {rpm['measured_minutes']} min, counters of restarted "
+        f"processes summed: {rpm['restarts_seen']})",
+    ]
+    for server, per in rpm.items():
+        if isinstance(per, dict) and server in ("slurmrestd", "apiserver"):
+            lines.append(f"  {server}:")
+            lines += [
+                f"    {k}: {', '.join(v) if isinstance(v, list) else v}" for k, v in per.items()
+            ]
+    if r.job_verdicts:
+        lines += ["", "Batch jobs not COMPLETED at their first run"]
+        for v in r.job_verdicts:
+            lines.append(f"  job {v.key}: {v.verdict}: {v.why}")
+            lines += [f"      {e}" for e in v.evidence]
+    if r.pod_verdicts:
+        lines += ["", "Bridge pods not Succeeded"]
+        for v in r.pod_verdicts:
+            lines.append(f"  pod {v.key}: {v.verdict}: {v.why}")
+            lines += [f"      {e}" for e in v.evidence]
+    if r.create_refusals:
+        lines += ["", "Pod creations refused (each retried)"]
+        lines += [f"  {x}" for x in r.create_refusals[:20]]
+    failures = r.failures
+    lines += ["", f"RESULT: {'FAIL (' + '; '.join(failures) + ')' if failures else 'PASS'}"]
+    return "\n".join(lines)

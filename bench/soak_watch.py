@@ -1,0 +1,64 @@
+"""The soak's eyes: every few seconds, the bridge's pods (from the apiserver), then every job
+(from Slurm, one `GET jobs/`: finished jobs are purged after MinJobAge=300s, so each is read
+well before), and the HPA-driven NodeSet's replicas. Each round updates the records of the
+work, tends the bridge pods (soak_work) and feeds the invariants one snapshot."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from bench.soak_bed import BRIDGE_NAMESPACE, HPA_NODESET, NAMESPACE
+from bench.soak_health import UNREACHABLE
+from bench.soak_invariants import InvariantWatch, Snapshot
+from bench.soak_state import Soak
+from bench.soak_work import tend_bridge_pods, track_jobs
+from slinky.kube import rest
+from slinky.operator.resources import NODESETS
+
+OBSERVE_S = 3.0
+
+
+async def observe_once(soak: Soak, invariants: InvariantWatch, *, final: bool = False) -> bool:
+    """One round; returns whether both sides answered (a snapshot was judged)."""
+    pods_at = time.time()
+    try:
+        pods = list((await soak.kube.list(rest.PODS, BRIDGE_NAMESPACE))["items"])
+    except UNREACHABLE:
+        pods = None
+    jobs_at = time.time()
+    try:
+        jobs, _ = await soak.slurm.list_jobs()
+    except UNREACHABLE:
+        jobs = None
+    if jobs is not None:
+        track_jobs(soak, jobs, jobs_at)
+    if pods is not None:
+        await tend_bridge_pods(soak, pods, pods_at)
+    await note_hpa_nodeset(soak)
+    if pods is None or jobs is None:
+        return False
+    invariants.sample(Snapshot(jobs_at, pods, jobs), final=final)
+    return True
+
+
+async def note_hpa_nodeset(soak: Soak) -> None:
+    """Record when the HPA's NodeSet reached 0 pods and when it came back."""
+    try:
+        obj = await soak.kube.get(NODESETS, HPA_NODESET, NAMESPACE)
+    except UNREACHABLE:
+        return
+    now = int((obj.get("status") or {}).get("replicas") or 0)
+    at_zero = len(soak.hpa_zero_at) > len(soak.hpa_back_at)
+    if now == 0 and not at_zero:
+        soak.hpa_zero_at.append(time.time())
+        soak.log(f"NodeSet {HPA_NODESET} at 0 pods (HPA)")
+    elif now > 0 and at_zero:
+        soak.hpa_back_at.append(time.time())
+        soak.log(f"NodeSet {HPA_NODESET} back to {now} pods (HPA)")
+
+
+async def observe_loop(soak: Soak, invariants: InvariantWatch) -> None:
+    while True:
+        await observe_once(soak, invariants)
+        await asyncio.sleep(OBSERVE_S)
