@@ -253,6 +253,31 @@ async def test_scancel_of_the_placeholder_job_deletes_its_pod(
     assert any("CANCELLED" in n for n in notes), notes
 
 
+async def test_an_admin_can_not_requeue_a_placeholder_job_and_a_suspend_evicts_its_pod(
+    bridge: BridgeEnv, managed_node: str
+) -> None:
+    """Placeholder jobs are submitted non-requeueable (a requeued job would leave its pod
+    running where Slurm thinks nothing runs); a suspended one no longer holds its node, so
+    its pod goes, with an event, and the job is cancelled."""
+    env, ns = bridge, bridge.managed_namespace
+    name = f"suspend-{uuid.uuid4().hex[:6]}"
+    await env.kube.create(rest.PODS, workload_pod(name, ["sleep", "600"]), ns)
+    running = await pod_where(
+        env, name, ns, lambda p: p["status"].get("phase") == "Running", "Running", timeout=90
+    )
+    job = job_id(running)
+    out = env.testbed.slurm(["scontrol", "requeue", str(job)], capture=True)
+    assert out.returncode != 0 and "disabled" in out.stderr, out
+    assert (await env.slurm.get_job(job)).is_running
+    out = env.testbed.slurm(["scontrol", "suspend", str(job)], capture=True)
+    assert out.returncode == 0, out.stderr
+    # Seen at the job's next look: a node event, else the shared tick of settled jobs.
+    await pod_gone(env, name, ns, timeout=120)
+    notes = await pod_events(env, name, ns, "SlurmJobEnded")
+    assert any("SUSPENDED" in n and "no longer holds" in n for n in notes), notes
+    assert (await job_ended(env, job)).state == ["CANCELLED"]
+
+
 async def test_deleting_a_pending_pod_cancels_its_job(bridge: BridgeEnv, managed_node: str) -> None:
     env, ns = bridge, bridge.managed_namespace
     name = f"pending-{uuid.uuid4().hex[:6]}"

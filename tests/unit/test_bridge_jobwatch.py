@@ -12,11 +12,19 @@ from slinky.slurm.models import Job
 
 
 class FakeSlurm:
-    """get_job only: the one call the watch may make."""
+    """get_job and job_states: the calls the watch may make. `reads`: full reads;
+    `looks`: every job asked about, either way; `state_requests`: the batched calls."""
 
     def __init__(self) -> None:
         self.jobs: dict[int, Job] = {}
         self.reads: list[int] = []
+        self.looks: list[int] = []
+        self.state_requests: list[list[int]] = []
+
+    async def job_states(self, job_ids: list[int]) -> dict[int, list[str]]:
+        self.state_requests.append(list(job_ids))
+        self.looks += job_ids
+        return {j: self.jobs[j].state for j in job_ids if j in self.jobs}
 
     def set(self, job_id: int, state: str, nodes: str = "") -> None:
         self.jobs[job_id] = Job.parse({"job_id": job_id, "job_state": [state], "nodes": nodes})
@@ -108,10 +116,10 @@ async def test_a_job_just_submitted_is_read_often_before_the_reads_back_off() ->
     try:
         watch.track(1, fresh=True)
         watch.track(2)
-        await until(lambda: slurm.reads.count(1) >= 5 and slurm.reads.count(2) >= 3)
+        await until(lambda: slurm.looks.count(1) >= 5 and slurm.looks.count(2) >= 3)
         assert watch._interval[1] == FIRST_READ_S  # still fast
         assert watch._interval[2] > FIRST_READ_S  # backing off
-        await until(lambda: slurm.reads.count(1) > FAST_READS)
+        await until(lambda: slurm.looks.count(1) > FAST_READS)
         assert watch._interval[1] > FIRST_READ_S  # its fast reads used up: backing off too
     finally:
         await watch.stop()
@@ -145,3 +153,74 @@ async def test_an_event_during_a_read_by_hand_keeps_the_job_due() -> None:
     slurm.get_job = get_job  # type: ignore[method-assign]
     await watch.read(1)
     assert watch._interval[1] == FIRST_READ_S  # still due soon: the event is not lost
+
+
+async def test_jobs_due_together_are_asked_in_one_request_and_read_only_when_changed() -> None:
+    slurm = FakeSlurm()
+    for j in (1, 2, 3):
+        slurm.set(j, "RUNNING", "n1")
+    changed: list[int] = []
+    watch = JobWatch(slurm, on_change=changed.append, max_interval=60.0)  # type: ignore[arg-type]
+    watch.start()
+    try:
+        for j in (1, 2, 3):
+            watch.track(j)
+        await until(lambda: sorted(changed) == [1, 2, 3])
+        assert slurm.state_requests[0] == [1, 2, 3]  # one request for the three
+        reads, requests = len(slurm.reads), len(slurm.state_requests)
+        slurm.set(2, "COMPLETED", "n1")
+        del slurm.jobs[3]  # purged: no read, and no error answer
+        watch.node_changed("n1")
+        await until(lambda: changed.count(2) == 2 and changed.count(3) == 2)
+        assert slurm.reads[reads:] == [2]  # job 1 unchanged: its state was enough
+        assert len(slurm.state_requests) == requests + 1
+        assert watch.jobs[3] is None
+    finally:
+        await watch.stop()
+
+
+async def test_jobs_holding_their_nodes_share_one_look_a_tick() -> None:
+    slurm = FakeSlurm()
+    slurm.set(1, "RUNNING", "n1")
+    slurm.set(2, "RUNNING", "n2")
+    watch = JobWatch(  # type: ignore[arg-type]
+        slurm, on_change=lambda _: None, max_interval=0.1, settled_interval=0.5
+    )
+    watch.start()
+    try:
+        watch.track(1)
+        await until(lambda: 1 in watch.jobs)
+        await asyncio.sleep(0.13)  # tracked at another moment
+        watch.track(2)
+        await until(lambda: 2 in watch.jobs)
+        start = len(slurm.state_requests)
+        await until(lambda: len(slurm.state_requests) >= start + 2, timeout=5)
+        assert all(sorted(r) == [1, 2] for r in slurm.state_requests[start : start + 2])
+    finally:
+        await watch.stop()
+
+
+async def test_a_cancelled_job_is_followed_until_purged_and_a_revived_one_is_told() -> None:
+    slurm = FakeSlurm()
+    slurm.set(1, "CANCELLED", "n1")
+    slurm.set(2, "CANCELLED", "n2")
+    revived: list[int] = []
+    watch = JobWatch(  # type: ignore[arg-type]
+        slurm,
+        on_change=lambda _: None,
+        on_revived=revived.append,
+        max_interval=0.05,
+        settled_interval=0.1,
+    )
+    watch.start()
+    try:
+        watch.follow_cancelled(1)
+        watch.follow_cancelled(2)
+        assert watch.tracked == 0 and watch.following == 2
+        await until(lambda: slurm.looks.count(1) >= 2)
+        slurm.set(1, "RUNNING", "n1")  # slurmctld came back from older state
+        del slurm.jobs[2]  # purged
+        await until(lambda: revived == [1] and watch.following == 0)
+        assert slurm.reads == []  # followed with state requests only
+    finally:
+        await watch.stop()

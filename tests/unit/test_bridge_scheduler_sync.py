@@ -38,12 +38,18 @@ class FakeSlurm:
         self.allocations = 0
         self.free_node: str | None = None
         self.allocate_missing = False
+        self.last_id = 99
+
+    def new_id(self) -> int:
+        """Slurm never gives an id twice, also after a job was purged."""
+        self.last_id = max([self.last_id, *self.jobs]) + 1
+        return self.last_id
 
     def job(self, job_id: int) -> Job:
         return Job.parse(self.jobs[job_id])
 
     async def submit_job(self, desc: JSON) -> int:
-        job_id = 100 + len(self.jobs)
+        job_id = self.new_id()
         self.jobs[job_id] = {**desc, "job_id": job_id, "job_state": ["PENDING"], "nodes": ""}
         if self.down:
             raise errors.SlurmUnavailable("connection reset")
@@ -55,7 +61,7 @@ class FakeSlurm:
         self.allocations += 1
         if self.allocate_missing:
             raise errors.SlurmEndpointMissing("HTTP 404", status=404)
-        job_id = 100 + len(self.jobs)
+        job_id = self.new_id()
         if self.free_node is None:
             self.jobs[job_id] = {**desc, "job_id": job_id, "job_state": ["FAILED"], "nodes": ""}
             raise errors.SlurmNodeBusy("Requested nodes are busy")
@@ -146,6 +152,7 @@ def setup() -> tuple[SchedulerSync, FakeSlurm, FakeKube, Store]:
         nodes={n: Node.parse({"name": n, "partitions": ["bridge"]}) for n in ("n1", "n2")},
         mark=lambda: 0,
         shows_since=lambda _mark: False,  # no poll comes: claims stay
+        demand=lambda _key, _wanted: None,
     )
     sync = SchedulerSync(
         kube,  # type: ignore[arg-type]
@@ -178,6 +185,23 @@ async def test_a_pod_is_bound_to_the_node_slurm_allocated_and_only_then() -> Non
     assert list(slurm.jobs) == [job_id]
     # The binding carried the Slurm node annotation: no request of its own.
     assert pods.get("ns/p")["metadata"]["annotations"][SLURM_NODE] == "n2"  # type: ignore[index]
+
+
+async def test_a_pod_whose_job_slurm_lost_before_it_was_bound_gets_a_new_one() -> None:
+    """slurmctld crashed after taking the job and before saving it: Slurm answers that the
+    job does not exist, so the pod (never started) is submitted again, not deleted."""
+    sync, slurm, kube, pods = setup()
+    pods.upsert(make_pod("p", "u1"))
+    await sync.reconcile("ns/p")
+    (lost,) = slurm.jobs
+    del slurm.jobs[lost]
+    sync.watch.jobs.pop(lost, None)
+    await sync.reconcile("ns/p")
+    assert job_label(pods.get("ns/p")) is None  # the label goes: the pod comes back
+    await sync.reconcile("ns/p")
+    (new,) = slurm.jobs
+    assert new != lost and job_label(pods.get("ns/p")) == str(new)
+    assert kube.bound == {}
 
 
 async def test_a_job_recorded_for_an_earlier_pod_of_the_same_name_is_never_bound() -> None:

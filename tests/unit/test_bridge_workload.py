@@ -10,7 +10,7 @@ from typing import Any
 from slinky.bridge import placeholder
 from slinky.bridge.jobwatch import JobWatch
 from slinky.bridge.labels import FINALIZER, SLURM_JOBID
-from slinky.bridge.workload.sync import BY_JOB, WorkloadSync, index_job
+from slinky.bridge.workload.sync import BY_JOB, REVIVED_PREFIX, WorkloadSync, index_job
 from slinky.kube import rest
 from slinky.kube.store import Store
 from slinky.slurm import errors
@@ -116,3 +116,55 @@ async def test_a_deleted_pods_job_whose_cancel_failed_is_cancelled_on_the_retry(
     await sync.reconcile("ns/p")
     assert slurm.cancelled == [7]
     assert sync.gone == {}
+
+
+async def test_a_bound_pod_whose_job_is_pending_again_or_suspended_is_deleted() -> None:
+    """A requeue (an admin's, or a slurmctld restart that lost the allocation) or a suspend
+    leaves the pod running where Slurm thinks nothing runs: the node would be booked twice."""
+    for state in ("PENDING", "SUSPENDED"):
+        sync, slurm, kube, _pods, _changed = setup()
+        slurm.jobs[7]["job_state"] = [state]
+        await sync.reconcile("ns/p")
+        assert kube.deleted == ["ns/p"], state
+        assert slurm.cancelled == []  # cancelled once the pod stopped (pod_finished)
+
+
+async def test_an_unbound_pod_whose_job_slurm_lost_is_left_to_the_scheduler() -> None:
+    sync, slurm, kube, pods, _changed = setup()
+    pods.get("ns/p")["spec"]["nodeName"] = ""  # type: ignore[index]
+    del slurm.jobs[7]  # a slurmctld crash lost the submission
+    await sync.reconcile("ns/p")
+    assert kube.deleted == []
+    pods.get("ns/p")["spec"]["nodeName"] = "n1"  # type: ignore[index]
+    await sync.reconcile("ns/p")  # bound: it runs without a job, so it goes
+    assert kube.deleted == ["ns/p"]
+
+
+async def test_a_cancelled_job_slurm_brought_back_is_cancelled_again_unless_its_pod_runs() -> None:
+    sync, slurm, _kube, pods, _changed = setup(phase="Succeeded")
+    await sync.reconcile("ns/p")
+    assert slurm.cancelled == [7]
+    slurm.jobs[7]["job_state"] = ["RUNNING"]  # slurmctld restarted from older state
+    await sync.reconcile(f"{REVIVED_PREFIX}7")
+    assert slurm.cancelled == [7, 7]
+
+    sync, slurm, _kube, pods, _changed = setup()  # its pod still runs: not an orphan
+    await sync.reconcile(f"{REVIVED_PREFIX}7")
+    assert slurm.cancelled == []
+    pods.delete("ns/p")
+    await sync.reconcile(f"{REVIVED_PREFIX}7")
+    assert slurm.cancelled == [7]
+
+
+async def test_a_just_bound_pod_is_not_deleted_on_a_read_of_its_job_from_before_allocation() -> (
+    None
+):
+    """The watch read the job while it pended; the scheduler bound the pod once Slurm
+    allocated it: the old read must not make the pod look like it runs without its job."""
+    sync, slurm, kube, _pods, _changed = setup()
+    slurm.jobs[7]["job_state"] = ["PENDING"]
+    sync.watch.track(7)
+    await sync.watch.read(7)  # cached: PENDING
+    slurm.jobs[7]["job_state"] = ["RUNNING"]  # allocated; the pod was bound meanwhile
+    await sync.reconcile("ns/p")
+    assert kube.deleted == []

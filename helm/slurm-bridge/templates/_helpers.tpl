@@ -46,6 +46,7 @@ app.kubernetes.io/component: {{ .component }}
       "partition" $c.partition
       "managedNodeTaint" $c.managedNodeTaint
       "slurmPollInterval" $c.slurmPollInterval
+      "slurmIdlePollInterval" $c.slurmIdlePollInterval
       "immediateAllocation" $c.immediateAllocation }}
 {{- with $c.managedNamespaceSelector }}
 {{- $_ := set $cfg "managedNamespaceSelector" . }}

@@ -13,7 +13,8 @@ slurmAuth:              # where the slurmrestd JWT comes from (one of the two fi
 managedNodeTaint:
   enabled: true         # taint nodes Slurm knows, so only bridge-scheduled pods land there
   effect: NoExecute     # or NoSchedule / PreferNoSchedule
-slurmPollInterval: 2s   # how often Slurm is asked for changes (update_time deltas)
+slurmPollInterval: 2s   # how often Slurm nodes are asked for changes while pods wait
+slurmIdlePollInterval: 10s  # ... and while none waits (update_time deltas: one request)
 immediateAllocation: true  # ask Slurm to allocate at once when a node looks free
 ```
 
@@ -95,6 +96,7 @@ class BridgeConfig:
     slurm_auth: SlurmAuth | None = None
     managed_node_taint: NodeTaint = NodeTaint()
     slurm_poll_interval: float = 2.0
+    slurm_idle_poll_interval: float = 10.0
     immediate_allocation: bool = True
 
     def is_managed_namespace(self, name: str, labels: dict[str, str] | None) -> bool:
@@ -256,6 +258,7 @@ _TOP: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "slurmAuth": ("slurm_auth", _slurm_auth),
     "managedNodeTaint": ("managed_node_taint", _taint),
     "slurmPollInterval": ("slurm_poll_interval", lambda v, k: _duration(v, k, 0.1)),
+    "slurmIdlePollInterval": ("slurm_idle_poll_interval", lambda v, k: _duration(v, k, 0.1)),
     "immediateAllocation": ("immediate_allocation", _bool),
 }
 

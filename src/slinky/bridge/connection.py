@@ -16,8 +16,9 @@ from slinky.slurm.tokens import MintedToken, StaticToken, TokenFile, TokenProvid
 
 DEFAULT_USER = "slurm"
 # slurmctld does not advance `update_time` when a node is deleted (by an admin, say), so
-# only a full list shows it: list everything this often (a few ms for hundreds of nodes).
-RESYNC_S = 10.0
+# only a full list shows it: list everything this often (a few ms for hundreds of nodes;
+# still one request, as the delta poll it replaces).
+RESYNC_S = 30.0
 
 
 def _user_of(token: str, configured: str | None) -> str:
@@ -67,7 +68,10 @@ class SlurmConnection:
             )
         client = SlurmClient(config.slurm_rest_api, token_provider(config.slurm_auth))
         informer = SlurmInformer(
-            client, poll_interval=config.slurm_poll_interval, resync_interval=RESYNC_S
+            client,
+            poll_interval=config.slurm_poll_interval,
+            idle_interval=config.slurm_idle_poll_interval,
+            resync_interval=RESYNC_S,
         )
         return cls(client, informer)
 

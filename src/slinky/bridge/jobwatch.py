@@ -2,19 +2,29 @@
 
 slurmrestd has no watch, and the job list is the one thing never to read on a hot path: it
 holds every job of every user (upstream read it on every scheduling attempt: 1.4 s at ~900
-jobs). So each tracked job is read on its own (`GET /job/<id>`), on a schedule of its own:
+jobs). So the watch asks about its own jobs only, in as few requests as it can:
 
-- a job just submitted is read every 50 ms for its first second (at most 32 jobs at
-  once), since Slurm allocates it at its next pass, within a second; a job still pending
-  is then read less often (doubling up to `max_interval`);
+- the jobs due for a look are asked together, in one `GET /jobs/state/?job_id=..&job_id=..`
+  (slurmctld's light job-state call; a job it no longer knows is left out of the answer, so
+  a purged job costs no error answer, which slurmrestd would follow with closing the
+  connection); a full `GET /job/<id>` is made for a job whose state changed (or was never
+  read), as only that read tells the nodes, and for a pending job (its reason and excluded
+  nodes are what the scheduler acts on);
+- a job just submitted is looked at every 50 ms for its first second (at most 32 jobs at
+  once), since Slurm allocates it at its next pass, within a second; a job still pending is
+  then looked at less often (doubling up to `max_interval`);
 - a Slurm node event (the Slurm informer's update_time deltas, one small request per poll
   for the whole cluster) makes every pending job and every job on that node due at once: an
   allocation or an ending job changes its node, so it is noticed within one informer poll;
-- a job that did not change is read again at `max_interval` at most, the backstop.
+- a job that holds its nodes (or is gone) is looked at every `settled_interval`, all such
+  jobs on one shared tick, so they cost one request a minute together, however many;
+- a job the bridge cancelled is followed on that tick until Slurm purges it: a slurmctld
+  that crashed right after acknowledging the cancel comes back with the job live again,
+  and `on_revived` is told, so it is cancelled again (cleanup is continuous, not only at
+  start-up).
 
-The cost per pod is a handful of small reads, whatever else Slurm holds. `on_change` is
-called (on the event loop, must not block) with the job id whenever a read shows a job
-whose state or nodes changed, or that Slurm no longer knows.
+`on_change` is called (on the event loop, must not block) with the job id whenever a tracked
+job's state or nodes changed, or Slurm no longer knows it.
 """
 
 from __future__ import annotations
@@ -22,26 +32,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable
 
 from slinky.background import BackgroundLoop
 from slinky.slurm import errors
 from slinky.slurm.client import SlurmClient
-from slinky.slurm.models import Job, expand_hostlist
+from slinky.slurm.models import TERMINAL_JOB_STATES, Job, expand_hostlist
 
 log = logging.getLogger(__name__)
 
 FIRST_READ_S = 0.05
 CONCURRENT_READS = 8
+STATES_PER_REQUEST = 100  # job ids in one jobs/state query (the URL stays a few KB)
 # slurmctld allocates a submitted job at its next scheduling pass, 0.2-0.9 s after the
 # submission on the test bed (a pass about once a second; probed with an idle slurmctld and
 # free nodes), so reads doubling from 50 ms noticed it up to ~0.75 s late. A job just
-# submitted is read every FIRST_READ_S for its first FAST_READS reads (about one second)
-# instead; at most FAST_JOBS jobs at once, so a burst of thousands of waiting jobs does not
-# turn into thousands of reads per second.
+# submitted is looked at every FIRST_READ_S for its first FAST_READS looks (about one
+# second) instead; at most FAST_JOBS jobs at once.
 FAST_READS = 20
 FAST_JOBS = 32
+# How long a cancelled job is followed at most (Slurm purges it after MinJobAge, 300 s by
+# default, which ends the following earlier).
+FOLLOW_CANCELLED_S = 900.0
 
 
 def _significant(job: Job | None) -> tuple[tuple[str, ...], str] | None:
@@ -54,18 +68,25 @@ class JobWatch(BackgroundLoop):
         client: SlurmClient,
         *,
         on_change: Callable[[int], None],
+        on_revived: Callable[[int], None] | None = None,
         max_interval: float = 10.0,
+        settled_interval: float = 60.0,
     ) -> None:
         self.client = client
         self.on_change = on_change
+        self.on_revived = on_revived
         self.max_interval = max_interval
+        self.settled_interval = max(settled_interval, max_interval)
         # Last read of each tracked job; None: Slurm does not know it (purged or never was).
         self.jobs: dict[int, Job | None] = {}
-        self._next: dict[int, float] = {}  # job id -> when to read it (monotonic)
+        self._next: dict[int, float] = {}  # job id -> when to look at it (monotonic)
         self._interval: dict[int, float] = {}
-        self._fast: dict[int, int] = {}  # job id -> fast reads left (see FAST_READS)
+        self._fast: dict[int, int] = {}  # job id -> fast looks left (see FAST_READS)
+        self._following: dict[int, float] = {}  # cancelled job id -> give up (monotonic)
         self._wake = asyncio.Event()
-        self.reads = 0
+        self.reads = 0  # full reads (GET /job/<id>)
+        self.state_requests = 0  # jobs/state requests
+        self._batched = True  # False: slurmrestd has no jobs/state (one read per job)
 
     def task_name(self) -> str:
         return "placeholder job watch"
@@ -73,8 +94,9 @@ class JobWatch(BackgroundLoop):
     # ------------------------------------------------------------ what to watch
 
     def track(self, job_id: int, *, soon: bool = False, fresh: bool = False) -> None:
-        """Watch `job_id` (idempotent); `soon`: read it now and then back off again;
-        `fresh`: just submitted, read it often at first (see FAST_READS)."""
+        """Watch `job_id` (idempotent); `soon`: look at it now and then back off again;
+        `fresh`: just submitted, look at it often at first (see FAST_READS)."""
+        self._following.pop(job_id, None)
         if fresh and job_id not in self._next and len(self._fast) < FAST_JOBS:
             self._fast[job_id] = FAST_READS
         if job_id not in self._next or soon:
@@ -85,35 +107,59 @@ class JobWatch(BackgroundLoop):
         self._next.pop(job_id, None)
         self._interval.pop(job_id, None)
         self._fast.pop(job_id, None)
+        self._following.pop(job_id, None)
         self.jobs.pop(job_id, None)
+
+    def follow_cancelled(self, job_id: int) -> None:
+        """The bridge cancelled `job_id`: no longer tracked, but looked at on the settled
+        tick until Slurm purges it; if it is ever live again, `on_revived` is told."""
+        self.untrack(job_id)
+        if self.on_revived is None:
+            return
+        self._following[job_id] = time.monotonic() + FOLLOW_CANCELLED_S
+        self._next[job_id] = self._settled_tick()
+        self._wake.set()
 
     @property
     def tracked(self) -> int:
-        return len(self._next)
+        return len(self._next) - len(self._following)
+
+    @property
+    def following(self) -> int:
+        return len(self._following)
 
     def node_changed(self, node: str) -> None:
-        """A Slurm node changed: read its jobs and every pending job now."""
+        """A Slurm node changed: look at its jobs and every pending job now."""
         for job_id in list(self._next):
+            if job_id in self._following:
+                continue
             job = self.jobs.get(job_id)
             if job is None or job.is_pending or node in expand_hostlist(job.nodes):
                 self._interval[job_id] = FIRST_READ_S
                 self._schedule(job_id, 0.0)
 
     def pending_due(self) -> None:
-        """Slurm nodes changed in a way the node events may not show: read every pending
+        """Slurm nodes changed in a way the node events may not show: look at every pending
         job now."""
         for job_id in list(self._next):
+            if job_id in self._following:
+                continue
             job = self.jobs.get(job_id)
             if job is None or job.is_pending:
                 self._interval[job_id] = FIRST_READ_S
                 self._schedule(job_id, 0.0)
 
     def _schedule(self, job_id: int, delay: float) -> None:
-        """Read `job_id` in `delay` seconds, unless a read is due earlier already."""
+        """Look at `job_id` in `delay` seconds, unless a look is due earlier already."""
         at = time.monotonic() + delay
         if at < self._next.get(job_id, float("inf")):
             self._next[job_id] = at
             self._wake.set()
+
+    def _settled_tick(self) -> float:
+        """The next shared tick of the settled jobs: they are looked at together."""
+        step = self.settled_interval
+        return math.ceil((time.monotonic() + 1e-3) / step) * step
 
     # ------------------------------------------------------------ reading
 
@@ -128,44 +174,110 @@ class JobWatch(BackgroundLoop):
             job: Job | None = await self.client.get_job(job_id)
         except errors.SlurmNotFound:
             job = None
-        if job_id not in self._next:
+        if job_id not in self._next or job_id in self._following:
             return job
-        known, before = job_id in self.jobs, self.jobs.get(job_id)
-        self.jobs[job_id] = job
+        self._record(job_id, job)
         if (job is None or not job.is_pending) and self._next[job_id] == due_before:
             # Allocated or ended, and no event made it due while it was read: nothing
             # to catch early, back to the slow backstop.
             self._fast.pop(job_id, None)
-            self._interval[job_id] = self.max_interval
-            self._next[job_id] = time.monotonic() + self.max_interval
-        if not known or _significant(before) != _significant(job):
-            self.on_change(job_id)
+            self._interval[job_id] = self.settled_interval
+            self._next[job_id] = self._settled_tick()
         return job
 
-    async def _read_due(self, due: list[int], limit: asyncio.Semaphore) -> None:
+    def _record(self, job_id: int, job: Job | None) -> None:
+        """Keep what a read showed of a tracked job; tell `on_change` when it changed."""
+        known, before = job_id in self.jobs, self.jobs.get(job_id)
+        self.jobs[job_id] = job
+        if not known or _significant(before) != _significant(job):
+            self.on_change(job_id)
+
+    async def _states(self, due: list[int]) -> dict[int, list[str]] | None:
+        """The states of the due jobs (None: read each job instead)."""
+        if not self._batched:
+            return None
+        out: dict[int, list[str]] = {}
+        for i in range(0, len(due), STATES_PER_REQUEST):
+            self.state_requests += 1
+            try:
+                out.update(await self.client.job_states(due[i : i + STATES_PER_REQUEST]))
+            except errors.SlurmEndpointMissing:
+                log.info("slurmrestd has no jobs/state: placeholder jobs are read one by one")
+                self._batched = False
+                return None
+        return out
+
+    def _unchanged(self, job_id: int, state: list[str] | None) -> bool:
+        """Whether the state answer says nothing new about a tracked job. A pending job is
+        always read in full: the scheduler acts on its reason and its excluded nodes."""
+        if job_id not in self.jobs:
+            return False  # never read in full: its nodes and comment are not known
+        job = self.jobs[job_id]
+        if state is None:
+            return job is None
+        return job is not None and not job.is_pending and tuple(job.state) == tuple(state)
+
+    async def _look(self, due: list[int], limit: asyncio.Semaphore) -> None:
+        try:
+            states = await self._states(due)
+        except errors.SlurmError as e:
+            log.info("jobs %s: cannot read their states (%s); trying again later", due, e)
+            for job_id in due:
+                if job_id in self._next:
+                    self._next[job_id] = time.monotonic() + self.max_interval
+            return
+
         async def one(job_id: int) -> None:
-            async with limit:
-                if job_id not in self._next:
-                    return
-                try:
-                    job = await self.read(job_id)
-                except errors.SlurmError as e:
-                    log.info("job %d: cannot read it (%s); trying again later", job_id, e)
-                    self._schedule(job_id, self.max_interval)
-                    return
-                if job_id not in self._next:
-                    return
-                interval = min(self._interval.get(job_id, FIRST_READ_S) * 2, self.max_interval)
-                fast = self._fast.pop(job_id, 0)
-                if job is None or not job.is_pending:
-                    interval = self.max_interval
-                elif fast > 1:
-                    self._fast[job_id] = fast - 1
-                    interval = FIRST_READ_S
-                self._interval[job_id] = interval
-                self._next[job_id] = time.monotonic() + interval
+            if job_id not in self._next:
+                return
+            if job_id in self._following:
+                self._follow(job_id, None if states is None else states.get(job_id))
+                return
+            job: Job | None
+            if states is not None and self._unchanged(job_id, states.get(job_id)):
+                job = self.jobs[job_id]
+            elif states is not None and job_id not in states:
+                job = None  # Slurm no longer knows it: nothing to read
+                self._record(job_id, job)
+            else:
+                async with limit:
+                    try:
+                        job = await self.read(job_id)
+                    except errors.SlurmError as e:
+                        log.info("job %d: cannot read it (%s); trying again later", job_id, e)
+                        self._schedule(job_id, self.max_interval)
+                        return
+            if job_id in self._next:
+                self._reschedule(job_id, job)
 
         await asyncio.gather(*(one(j) for j in due))
+
+    def _reschedule(self, job_id: int, job: Job | None) -> None:
+        fast = self._fast.pop(job_id, 0)
+        if job is None or not job.is_pending:
+            self._interval[job_id] = self.settled_interval
+            self._next[job_id] = self._settled_tick()
+            return
+        interval = min(self._interval.get(job_id, FIRST_READ_S) * 2, self.max_interval)
+        if fast > 1:
+            self._fast[job_id] = fast - 1
+            interval = FIRST_READ_S
+        self._interval[job_id] = interval
+        self._next[job_id] = time.monotonic() + interval
+
+    def _follow(self, job_id: int, state: list[str] | None) -> None:
+        """A cancelled job's look: purged (or unknown, without the batch call) ends the
+        following; live again means slurmctld revived it."""
+        if state is not None and not set(state) & TERMINAL_JOB_STATES:
+            log.warning("job %d: cancelled earlier, live again (%s)", job_id, "/".join(state))
+            self.untrack(job_id)
+            if self.on_revived is not None:
+                self.on_revived(job_id)
+            return
+        if state is None or time.monotonic() >= self._following[job_id]:
+            self.untrack(job_id)
+            return
+        self._next[job_id] = self._settled_tick()
 
     async def run(self) -> None:
         limit = asyncio.Semaphore(CONCURRENT_READS)
@@ -173,11 +285,11 @@ class JobWatch(BackgroundLoop):
             now = time.monotonic()
             due = [j for j, at in self._next.items() if at <= now]
             if due:
-                for job_id in due:  # not due again while being read
+                for job_id in due:  # not due again while being looked at
                     self._next[job_id] = now + self.max_interval
-                await self._read_due(due, limit)
+                await self._look(due, limit)
                 continue
-            wait = min((at - now for at in self._next.values()), default=self.max_interval)
+            wait = min((at - now for at in self._next.values()), default=self.settled_interval)
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), max(wait, 0.0))

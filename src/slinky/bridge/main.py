@@ -115,7 +115,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p,
         "--job-recheck-interval",
         default="10s",
-        help="how often a placeholder job is read when nothing suggests it changed",
+        help="how often a pending placeholder job is looked at, at most, when nothing "
+        "suggests it changed",
+    )
+    flags.add_duration(
+        p,
+        "--running-job-recheck-interval",
+        default="60s",
+        help="how often placeholder jobs that hold their nodes (and cancelled ones, until "
+        "Slurm purges them) are looked at when nothing suggests they changed: all in one "
+        "request",
     )
     flags.add_duration(
         p,

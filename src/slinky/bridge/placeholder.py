@@ -212,6 +212,8 @@ def job_description(pod: JSON, config: BridgeConfig) -> JSON:
     job: JSON = {
         "name": job_name(pod),
         "flags": ["EXTERNAL_JOB"],
+        # Never requeued by Slurm: the pod it stands for has started (see workload.sync).
+        "requeue": False,
         "admin_comment": admin_comment([pod], scheduler=config.scheduler_name),
         "current_working_directory": "/tmp",
         "partition": _annotation(pod, "partition") or config.partition,

@@ -11,11 +11,12 @@ refreshed and tried once more.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx2
@@ -29,6 +30,9 @@ from slinky.slurm.tokens import TokenProvider
 log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
+Params = (
+    Mapping[str, Any] | list[tuple[str, str | int | float | bool | None]] | None
+)  # pairs: a key twice
 SUPPORTED_VERSIONS = ("v0.0.45", "v0.0.44")
 
 REQUESTS = Counter(
@@ -91,7 +95,7 @@ class SlurmClient:
     # ------------------------------------------------------------ transport
 
     async def _send(
-        self, method: str, path: str, *, params: Mapping[str, Any] | None = None, body: Any = None
+        self, method: str, path: str, *, params: Params = None, body: Any = None
     ) -> httpx2.Response:
         """One HTTP exchange with token refresh on 401 and retries on connection errors."""
         refreshed = False
@@ -155,7 +159,7 @@ class SlurmClient:
         method: str,
         path: str,
         *,
-        params: Mapping[str, Any] | None = None,
+        params: Params = None,
         body: Any = None,
         what: str = "",
     ) -> tuple[int, JSON]:
@@ -342,6 +346,20 @@ class SlurmClient:
         if not jobs:
             raise errors.SlurmNotFound(f"job {job_id} not found", status=200, endpoint="/job/{id}")
         return Job.parse(jobs[0])
+
+    async def job_states(self, job_ids: Sequence[int]) -> dict[int, list[str]]:
+        """The states of the jobs given, in one request (`GET /jobs/state/?job_id=1&job_id=2`,
+        slurmctld's light job-state call); a job Slurm does not know is left out of the
+        answer, which stays 200 (an error answer would close the connection)."""
+        if not job_ids:
+            return {}
+        params: list[tuple[str, str | int | float | bool | None]] = [("job_id", j) for j in job_ids]
+        _, data = await self.call("GET", "jobs/state/", params=params, what="job states")
+        out: dict[int, list[str]] = {}
+        for entry in data.get("jobs") or []:
+            with contextlib.suppress(TypeError, ValueError):
+                out[int(entry.get("job_id"))] = [str(x) for x in entry.get("state") or []]
+        return out
 
     async def list_jobs(self, *, update_time: int | None = None) -> tuple[list[Job] | None, int]:
         """All jobs slurmctld still knows and `last_update`; (None, update_time) when none

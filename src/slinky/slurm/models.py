@@ -204,6 +204,10 @@ class Job:
     def is_finished(self) -> bool:
         return bool(TERMINAL_JOB_STATES & set(self.state))
 
+    @property
+    def is_suspended(self) -> bool:
+        return "SUSPENDED" in self.state
+
 
 @dataclass(frozen=True)
 class Partition:

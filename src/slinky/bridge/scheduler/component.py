@@ -24,6 +24,7 @@ class SchedulerComponent(JobComponent):
             ctx.config,
             workers=ctx.args.scheduler_workers,
             job_recheck=float(ctx.args.job_recheck_interval),
+            settled_recheck=float(ctx.args.running_job_recheck_interval),
         )
 
     async def startup(self) -> None:

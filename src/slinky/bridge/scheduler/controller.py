@@ -50,6 +50,7 @@ def build(
     *,
     workers: int = 4,
     job_recheck: float = 10.0,
+    settled_recheck: float = 60.0,
 ) -> tuple[Controller, SchedulerSync, JobWatch]:
     pods = pods_informer(factory, config)
     nodes = factory.informer(rest.NODES, indexers={BY_SLURM_NAME: index_slurm_name})
@@ -59,7 +60,9 @@ def build(
         if key is not None:
             ctrl.enqueue(key)
 
-    watch = JobWatch(slurm.client, on_change=on_job, max_interval=job_recheck)
+    watch = JobWatch(
+        slurm.client, on_change=on_job, max_interval=job_recheck, settled_interval=settled_recheck
+    )
     sync = SchedulerSync(
         kube,
         config=config,

@@ -14,7 +14,8 @@
                bound to the Kubernetes node of that name; while the job pends, the pod says
                so (PodScheduled=False, `SlurmJobPending`, Slurm's reason), and the job's
                excluded_nodes follow the managed nodes; an allocated node the pod's
-               constraints reject gets the pod a new job instead (see `exclusion`).
+               constraints reject gets the pod a new job instead (see `exclusion`); a job
+               Slurm no longer knows (lost in a slurmctld crash) gets the pod a new one.
 
 Never a second job for a pod: the job id is remembered from the moment Slurm answers
 (before the label is written), recovered at start from the jobs' admin_comment for pods that
@@ -52,6 +53,7 @@ log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 REJECT_BACKOFF_S = 2.0
+DEMAND_KEY = "bridge-scheduler"
 REJECT_BACKOFF_MAX_S = 300.0
 NO_NODE_RECHECK_S = 5.0
 
@@ -188,6 +190,13 @@ class SchedulerSync:
 
     async def reconcile(self, key: str) -> Result:
         """Submit, label, place: whichever step the pod is at."""
+        try:
+            return await self.schedule(key)
+        finally:
+            # Slurm is polled fast while pods wait on it, slowly otherwise.
+            self.slurm.informer.demand(DEMAND_KEY, bool(self.waits_on or self.unfit))
+
+    async def schedule(self, key: str) -> Result:
         pod = self.pods.store.get(key)
         if pod is None or not self.schedulable(pod):
             self.forget(key)
@@ -488,7 +497,9 @@ class SchedulerSync:
         self.watch.track(job_id)
         await self.cancel_replaced(pod)
         job = await self.job(job_id)
-        if job is None or job.is_finished:
+        if job is None:
+            return await self.job_lost(pod, job_id)
+        if job.is_finished:
             return DONE  # the workload controller ends the pod with its job
         if not placeholder.is_placeholder_of(
             str(job.raw.get("admin_comment") or ""),
@@ -550,6 +561,30 @@ class SchedulerSync:
         )
         self.forget(key)
         return DONE
+
+    async def job_lost(self, pod: JSON, job_id: int) -> Result:
+        """Slurm no longer knows the job of a pod that was never bound (slurmctld restarted
+        from state saved before the job was: Slurm's own loss, the pod never ran): the pod
+        loses the job-id label and comes back to be submitted again. No second live job can
+        result: Slurm answered that this one does not exist."""
+        key = placeholder.pod_key(pod)
+        name, ns, uid = podcontrol.name_ns_uid(pod)
+        self.forget(key)
+        message = f"Slurm no longer knows job {job_id} (slurmctld lost it); submitting again"
+        log.info("pod %s: %s", key, message)
+        self.recorder.event(pod, events.WARNING, "SlurmJobLost", message, action="Schedule")
+        try:
+            await self.kube.patch(
+                rest.PODS,
+                name,
+                {"metadata": {"uid": uid, "labels": {SLURM_JOBID: None}}},
+                ns,
+                kind="strategic",
+            )
+        except rest.ApiError as e:
+            if not (e.not_found or e.conflict):
+                raise
+        return DONE  # the label's removal brings the pod back
 
     # ------------------------------------------------------------ nodes changed (see exclusion)
 

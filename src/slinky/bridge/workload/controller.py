@@ -3,7 +3,8 @@
 - The bridge's pods (field selector on the scheduler name) that carry a job id or the
   finalizer; a deleted pod's job id is kept until its key is reconciled.
 - Their placeholder jobs (the job watch): a job whose state changed, or that Slurm forgot,
-  brings back every pod of the job (index job id -> pods).
+  brings back every pod of the job (index job id -> pods); a cancelled job Slurm brought
+  back is a key of its own (`revived-job:<id>`).
 - Slurm nodes: a changed node makes the jobs on it due for a read at once, so a job that
   ends (scancel, time limit, node failure) is noticed within one Slurm informer poll.
 """
@@ -17,7 +18,7 @@ from slinky.bridge.config import BridgeConfig
 from slinky.bridge.connection import SlurmConnection
 from slinky.bridge.jobwatch import JobWatch
 from slinky.bridge.scheduler.controller import pods_informer
-from slinky.bridge.workload.sync import BY_JOB, WorkloadSync, index_job
+from slinky.bridge.workload.sync import BY_JOB, REVIVED_PREFIX, WorkloadSync, index_job
 from slinky.kube import events, rest
 from slinky.kube.controller import Controller
 from slinky.kube.informer import Handler, InformerFactory
@@ -41,6 +42,7 @@ def build(
     *,
     workers: int = 4,
     job_recheck: float = 10.0,
+    settled_recheck: float = 60.0,
 ) -> tuple[Controller, WorkloadSync, JobWatch]:
     pods = pods_informer(factory, config)
     pods.store.add_indexer(BY_JOB, index_job)
@@ -49,7 +51,16 @@ def build(
         for pod in pods.store.by_index(BY_JOB, str(job_id)):
             ctrl.enqueue(key_of(pod))
 
-    watch = JobWatch(slurm.client, on_change=on_job, max_interval=job_recheck)
+    def on_revived(job_id: int) -> None:
+        ctrl.enqueue(f"{REVIVED_PREFIX}{job_id}")
+
+    watch = JobWatch(
+        slurm.client,
+        on_change=on_job,
+        on_revived=on_revived,
+        max_interval=job_recheck,
+        settled_interval=settled_recheck,
+    )
     sync = WorkloadSync(kube, config=config, pods=pods, slurm=slurm, watch=watch, recorder=recorder)
     ctrl = Controller(NAME, sync, workers=workers)
 

@@ -8,9 +8,14 @@ steps. Slurm is the source of truth for what runs on managed nodes:
                      bound pod that is Terminating but still runs keeps its job until the
                      kubelet reports it terminal, so its containers keep what Slurm gave them;
 3. `job_ended`     — the job ended in Slurm (completed, cancelled with scancel, timed out,
-                     node failure) or Slurm no longer knows it: the pod is deleted, with an
-                     event naming the job's state (after one read of the live pod: a pod
-                     the scheduler just relabelled with a replacement job is left alone).
+                     node failure), or Slurm no longer knows the job of a bound pod, or the
+                     job of a bound pod no longer holds its node (pending again after an
+                     admin's requeue or a slurmctld restart that lost the allocation, or
+                     suspended): the pod is deleted, with an event naming the job's state
+                     (after one read of the live pod: a pod the scheduler just relabelled
+                     with a replacement job is left alone). A pod that runs must never run
+                     where Slurm thinks nothing does. An unbound pod whose job Slurm no
+                     longer knows is the scheduler's: it gets a new job.
 
 A group's job (one job for the pods of a PodGroup, LeaderWorkerSet replica, gang Job or
 JobSet, see `groups`) follows the same rules, with one more: a pod of the group that *fails*
@@ -22,8 +27,10 @@ end it cancels it. An unbound pod of a group whose pending job was cancelled bec
 pod left (the scheduler removes its job-id label first) is not deleted: the live pod is
 read before any pod is deleted for its job.
 
-`cancel_orphans` runs once at start: a live job of ours whose pods are all gone (confirmed
-by the apiserver, not only the cache) is cancelled.
+A job the controller cancelled is followed until Slurm purges it (`JobWatch.
+follow_cancelled`); if slurmctld brings it back (a crash right after it acknowledged the
+cancel), `revived` cancels it again. `cancel_orphans` runs once at start: a live job of
+ours whose pods are all gone (confirmed by the apiserver, not only the cache) is cancelled.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 BY_JOB = "slurm-jobid"
+REVIVED_PREFIX = "revived-job:"  # work queue key of a cancelled job Slurm brought back
 
 
 def index_job(pod: JSON) -> list[str]:
@@ -57,6 +65,12 @@ def is_group_job(job: Job) -> bool:
     """The job stands for more than one pod (a group's job)."""
     comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
     return comment is not None and len(comment.pods) > 1
+
+
+def lost_its_node(job: Job) -> bool:
+    """A bound pod's job that no longer holds its node: pending again (requeued by an admin,
+    or a slurmctld restart lost the allocation) or suspended."""
+    return job.is_pending or job.is_suspended
 
 
 def state_of(job: Job | None) -> str:
@@ -88,6 +102,8 @@ class WorkloadSync:
         self.gone: dict[str, int] = {}
 
     async def reconcile(self, key: str) -> Result:
+        if key.startswith(REVIVED_PREFIX):
+            return await self.revived(int(key.removeprefix(REVIVED_PREFIX)))
         pod = self.pods.store.get(key)
         if pod is None:
             return await self.pod_gone(key)
@@ -159,7 +175,7 @@ class WorkloadSync:
             return
         await self.slurm.client.cancel_job(job_id)
         self.slurm.informer.poke()
-        self.watch.untrack(job_id)
+        self.watch.follow_cancelled(job_id)
         log.info("job %d: cancelled (%s)", job_id, why)
         if job.nodes:
             await self.nudge_slurm()
@@ -201,8 +217,17 @@ class WorkloadSync:
 
     async def job_ended(self, pod: JSON, job_id: int) -> Result:
         job = await self.job(job_id)
-        if job is not None and not job.is_finished:
+        bound = bool(podcontrol.node_of(pod))
+        if job is None and not bound:
+            return DONE  # lost by slurmctld before the pod started: the scheduler resubmits
+        if job is not None and not job.is_finished and not (bound and lost_its_node(job)):
             return DONE
+        if job is not None and not job.is_finished:
+            # The cached read may predate the allocation this pod was bound on: only a
+            # fresh one may say the job lost its node.
+            job = await self.watch.read(job_id)
+            if job is not None and not job.is_finished and not lost_its_node(job):
+                return DONE
         key = placeholder.pod_key(pod)
         if job is not None and not self.owns(job, key, str(pod["metadata"].get("uid") or "")):
             self.recorder.event(
@@ -219,6 +244,12 @@ class WorkloadSync:
             return DONE
         state = state_of(job)
         message = f"Slurm job {job_id} is {state}: deleting the pod"
+        if job is not None and not job.is_finished:
+            message = (
+                f"Slurm job {job_id} is {state}: it no longer holds node "
+                f"{podcontrol.node_of(pod)}, where the pod runs; deleting the pod (its job "
+                "is cancelled once the pod stopped)"
+            )
         log.info("pod %s: %s", key, message)
         self.recorder.event(pod, events.WARNING, "SlurmJobEnded", message, action="Delete")
         await podcontrol.delete(self.kube, pod)
@@ -235,6 +266,35 @@ class WorkloadSync:
             and live["metadata"].get("uid") == uid
             and podcontrol.job_id_of(live) == job_id
         )
+
+    # ------------------------------------------------------------ 4. revived
+
+    async def revived(self, job_id: int) -> Result:
+        """A job we cancelled is live again (slurmctld crashed after acknowledging the
+        cancel and came back from state saved before it): cancelled again when it is ours
+        and no pod of it still runs."""
+        job = await self.watch.read(job_id)
+        if job is None or job.is_finished:
+            return DONE
+        comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
+        if comment is None or comment.scheduler != self.config.scheduler_name:
+            return DONE
+        for key, uid in comment.pods.items():
+            pod = await self.live_pod(key, uid)
+            if pod is not None and not podcontrol.is_terminal(pod):
+                return DONE  # its pod runs (or waits): the job is its, not an orphan
+        await self.slurm.client.cancel_job(job_id)
+        self.slurm.informer.poke()
+        self.watch.follow_cancelled(job_id)
+        log.warning(
+            "job %d: cancelled again: Slurm brought it back after it was cancelled (its pods %s "
+            "are gone or finished)",
+            job_id,
+            sorted(comment.pods),
+        )
+        if job.nodes:
+            await self.nudge_slurm()
+        return DONE
 
     # ------------------------------------------------------------ start-up
 
@@ -257,11 +317,17 @@ class WorkloadSync:
         return cancelled
 
     async def exists(self, key: str, uid: str) -> bool:
-        """Whether the pod (that very one, when the UID is known) exists; asks the
-        apiserver when the cache says no, as the cache may lag a pod created a moment ago."""
+        """Whether the pod (that very one, when the UID is known) exists."""
+        return await self.live_pod(key, uid) is not None
+
+    async def live_pod(self, key: str, uid: str) -> JSON | None:
+        """The pod (that very one, when the UID is known), or None; asks the apiserver when
+        the cache says no, as the cache may lag a pod created a moment ago."""
         cached = self.pods.store.get(key)
         if cached is not None and (not uid or cached["metadata"].get("uid") == uid):
-            return True
+            return cached
         ns, _, name = key.partition("/")
         live = await podcontrol.live(self.kube, name, ns)
-        return live is not None and (not uid or live["metadata"].get("uid") == uid)
+        if live is None or (uid and live["metadata"].get("uid") != uid):
+            return None
+        return live
