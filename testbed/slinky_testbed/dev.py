@@ -135,6 +135,7 @@ def start_operator(bed: Testbed) -> tuple[int, int]:
         *api_args,
     ]
     bed.spawn_extra("operator", argv, env={"PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+    (bed.dir / "operator-ports").write_text(f"{mport} {pport}\n")  # metrics, probes
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
