@@ -36,6 +36,10 @@ JSON = dict[str, Any]
 # comment and state show up at once); a slurmd that never registers (kwok, a broken image)
 # does not keep the informer polling fast.
 REGISTRATION_WINDOW_S = 60.0
+# A pod Ready this long whose Slurm node the (fresh) view still does not show never
+# registered, or slurmctld lost its registration (a restart from state saved before it: its
+# slurmd is not asked again and the pod stays Ready, useless). See `unregistered`.
+REGISTRATION_DEADLINE_S = 120.0
 WRITES_IN_FLIGHT = 16
 SLURM_CONDITIONS = (
     "Idle",
@@ -134,6 +138,24 @@ def registering(view: View) -> bool:
         ):
             return True
     return False
+
+
+def unregistered(view: View) -> list[JSON]:
+    """Active pods Ready for REGISTRATION_DEADLINE_S whose Slurm node Slurm does not know,
+    by a view polled after that deadline passed (not condemned: those go anyway)."""
+    if view.conn is None or not view.slurm_ready:
+        return []
+    informer = view.conn.informer
+    now = dt.datetime.now(dt.UTC)
+    out = []
+    for pod in view.active.values():
+        since = pods.ready_since(pod)
+        if since is None or pods.condemned(pod) is not None or pods.name(pod) in informer.nodes:
+            continue
+        overdue = (now - since).total_seconds() - REGISTRATION_DEADLINE_S
+        if overdue > 0 and informer.polled_ago < overdue:
+            out.append(pod)
+    return out
 
 
 def cordon_reason(ctx: Context, pod: JSON) -> str | None:

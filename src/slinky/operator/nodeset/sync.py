@@ -3,6 +3,7 @@
 1. `ensure_children`  — headless Service, PodDisruptionBudget, ControllerRevision (re-created
                         when deleted; the Service follows `serviceName`);
 2. `replace_finished` — pods that ended (Succeeded/Failed) are deleted and later re-created;
+   `replace_unregistered` — so are pods whose slurmd registration slurmctld lost;
 3. `scalein.scale_in` or `scale_out` — remove victims through the drain-before-delete path
                         (scalein.py), or create missing ordinals in slow-start batches;
 4. `update.rolling_update` — the rolling update rule (update.py);
@@ -26,12 +27,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from typing import Any
 
 from slinky.api.schema import ParseError, parse
 from slinky.api.v1alpha1.cluster import ClusterSpec
 from slinky.api.v1alpha1.nodeset import NodeSetSpec
-from slinky.kube import events, objects, rest
+from slinky.background import Backoff
+from slinky.kube import conditions, events, objects, rest
 from slinky.kube.controller import DONE, Result
 from slinky.kube.expectations import Expectations
 from slinky.kube.informer import Informer, MultiInformer
@@ -49,6 +52,7 @@ log = logging.getLogger(__name__)
 JSON = dict[str, Any]
 ANNOTATION_SKIP_DRAIN = partition.ANNOTATION_SKIP_DRAIN
 WAITING_FOR_TERMINATING_S = 2.0
+REGISTERED = "SlurmNodesRegistered"
 REGISTERING_RECHECK_S = 10.0
 CREATES_IN_FLIGHT = 64  # a batch of 2,048 at once only makes a loaded apiserver time out
 
@@ -99,6 +103,10 @@ class NodeSetSync:
         self.revisions = revisions
         self.clients = clients
         self.partitions = partition.Partitions()
+        # NodeSet UIDs some pod of which registered in Slurm (this process saw it), and the
+        # backoff of replacing pods that lost their registration.
+        self.registered_once: set[str] = set()
+        self.replacing: dict[str, tuple[Backoff, float]] = {}
         self.ctx = Context(
             kube=kube,
             podcontrol=PodControl(kube, expectations),
@@ -200,6 +208,7 @@ class NodeSetSync:
         requeue: list[float] = []
         if self.ctx.expectations.satisfied(view.exp_key):
             await self.replace_finished(view)
+            await self.replace_unregistered(view)
             if mirror.registering(view):
                 view.waits.append("new slurmd registering")
                 requeue.append(REGISTERING_RECHECK_S)  # ends the fast polls after the window
@@ -289,6 +298,63 @@ class NodeSetSync:
                     "PodFinished",
                     f"pod {pods.name(pod)} ended ({pods.phase(pod)}); replacing it",
                 )
+            view.moved(pod)
+
+    async def replace_unregistered(self, view: View) -> None:
+        """Pods whose slurmd Slurm does not know past the deadline (`mirror.unregistered`)
+        are named in the condition `SlurmNodesRegistered`. In a NodeSet some of whose pods
+        did register (so slurmd can), such a pod lost its registration: it is deleted (Slurm
+        confirms it has no such node, so no job can be on it) and made again, at most once
+        per backoff period (60 s doubling to 15 min), so a slurmd that cannot register is
+        not replaced in a loop. A NodeSet none of whose pods ever registered (kwok, a broken
+        image or address) only gets the condition."""
+        uid = str(view.obj["metadata"]["uid"])
+        lost = mirror.unregistered(view)
+        known = view.conn.informer.nodes if view.conn is not None else {}
+        if any(pods.name(p) in known for p in view.active.values()):
+            self.registered_once.add(uid)
+        had = conditions.find((view.obj.get("status") or {}).get("conditions"), REGISTERED)
+        if not lost:
+            self.replacing.pop(uid, None)
+            if had is not None:
+                view.conditions.append(
+                    (REGISTERED, True, "Registered", "every Ready pod is a Slurm node")
+                )
+            return
+        ordered = sorted(pods.name(p) for p in lost)
+        names = ", ".join(ordered[:10]) + (
+            f" and {len(ordered) - 10} more" if len(ordered) > 10 else ""
+        )
+        replace = uid in self.registered_once
+        message = (
+            f"Ready for over {mirror.REGISTRATION_DEADLINE_S:.0f}s with no Slurm node: {names}"
+            + (
+                " (slurmctld lost their registration; replaced)"
+                if replace
+                else " (check the slurmd log: its --conf-server, slurm.key and the network to "
+                "slurmctld)"
+            )
+        )
+        view.conditions.append((REGISTERED, False, "SlurmNodeNotRegistered", message))
+        backoff, due = self.replacing.get(uid, (Backoff(60.0, 900.0), 0.0))
+        if not replace or time.monotonic() < due or view.conn is None:
+            return
+        self.replacing[uid] = (backoff, time.monotonic() + backoff.next())
+        for pod in lost:
+            name = pods.name(pod)
+            verdict = await scalein.check_drained(view.conn, name, namespace=view.namespace)
+            if verdict != scalein.Drained.ABSENT:
+                continue
+            if await self.ctx.podcontrol.delete_pod(view.exp_key, pod):
+                self.ctx.recorder.event(
+                    view.obj,
+                    events.WARNING,
+                    "SlurmNodeNotRegistered",
+                    f"pod {name} has been Ready for over {mirror.REGISTRATION_DEADLINE_S:.0f}s "
+                    f"but Slurm has no node {name} (slurmctld lost its registration); "
+                    "replacing the pod",
+                )
+                log.warning("nodeset %s: pod %s has no Slurm node; replacing it", view.key, name)
             view.moved(pod)
 
     # ------------------------------------------------------------ 4. scale out

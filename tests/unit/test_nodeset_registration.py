@@ -1,0 +1,116 @@
+"""A slurmd pod that is Ready but unknown to Slurm: slurmctld restarted from state saved
+before the pod registered, so the node is gone for good and slurmd is never asked again.
+The NodeSet says so, and replaces the pod only when its pods can register (some did), once
+Slurm confirms there is no such node, and not in a loop."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import httpx2
+
+from slinky.api.schema import parse
+from slinky.api.v1alpha1.nodeset import NodeSetSpec
+from slinky.operator.clients import Connection
+from slinky.operator.nodeset import mirror
+from slinky.operator.nodeset.sync import REGISTERED, NodeSetSync
+from slinky.operator.nodeset.view import View
+from slinky.slurm.client import SlurmClient
+from slinky.slurm.informer import SlurmInformer
+from slinky.slurm.models import Node
+from slinky.slurm.tokens import StaticToken
+
+JSON = dict[str, Any]
+OPENAPI = {"paths": {"/slurm/v0.0.45/ping/": {}}}
+
+
+def ready_pod(name: str, ready_for_s: float) -> JSON:
+    since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=ready_for_s)
+    return {
+        "metadata": {"name": name, "namespace": "ns", "uid": f"uid-{name}", "annotations": {}},
+        "spec": {"nodeName": "k1"},
+        "status": {
+            "phase": "Running",
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "lastTransitionTime": since.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                }
+            ],
+        },
+    }
+
+
+class Deletes:
+    def __init__(self) -> None:
+        self.deleted: list[str] = []
+
+    async def delete_pod(self, _exp: str, pod: JSON) -> bool:
+        self.deleted.append(pod["metadata"]["name"])
+        return True
+
+
+def setup(registered: list[str], pod_ages: dict[str, float]) -> tuple[NodeSetSync, View, Deletes]:
+    """Slurm knows the nodes in `registered` (cache and live reads agree)."""
+
+    def handler(req: httpx2.Request) -> httpx2.Response:
+        if req.url.path == "/openapi/v3":
+            return httpx2.Response(200, json=OPENAPI)
+        name = req.url.path.rstrip("/").rsplit("/", 1)[-1]
+        return httpx2.Response(200, json={"nodes": [{"name": name}] if name in registered else []})
+
+    client = SlurmClient("http://slurm.test", StaticToken("t", user="u"))
+    client.http = httpx2.AsyncClient(base_url=client.url, transport=httpx2.MockTransport(handler))
+    informer = SlurmInformer(client)
+    informer._synced.set()
+    informer.stale = False
+    informer._last_poll_done = time.monotonic()  # polled just now
+    informer.nodes = {n: Node.parse({"name": n}) for n in registered}
+    conn = Connection("ns/slurm", "cuid", client.url, client, informer, "fp")
+    obj = {"metadata": {"name": "cpu", "namespace": "ns", "uid": "nsuid"}, "spec": {}}
+    spec = parse(NodeSetSpec, {"clusterName": "slurm", "selector": {}, "template": {}}, "spec")
+    pods = {name: ready_pod(name, age) for name, age in pod_ages.items()}
+    view = View(obj, spec, "ns/cpu", "ns/cpu/nsuid", "rev", None, conn, pods, {})
+    deletes = Deletes()
+    sync = NodeSetSync.__new__(NodeSetSync)
+    sync.registered_once = set()
+    sync.replacing = {}
+    sync.ctx = SimpleNamespace(  # type: ignore[assignment]
+        podcontrol=deletes, recorder=SimpleNamespace(event=lambda *a, **k: None)
+    )
+    return sync, view, deletes
+
+
+async def test_a_pod_slurm_lost_is_named_and_replaced_once_slurm_confirms_it() -> None:
+    late = mirror.REGISTRATION_DEADLINE_S + 30
+    sync, view, deletes = setup(["cpu-0"], {"cpu-0": late, "cpu-1": late, "cpu-2": 5})
+    await sync.replace_unregistered(view)
+    assert deletes.deleted == ["cpu-1"]  # cpu-2 may still be registering
+    (cond,) = view.conditions
+    assert cond[0] == REGISTERED and not cond[1] and cond[2] == "SlurmNodeNotRegistered"
+    assert "cpu-1" in cond[3] and "cpu-2" not in cond[3]
+    view.active["cpu-1"] = ready_pod("cpu-1", late)  # still there next pass: backoff holds
+    await sync.replace_unregistered(view)
+    assert deletes.deleted == ["cpu-1"]
+
+
+async def test_a_nodeset_that_never_registered_is_only_told_about() -> None:
+    """kwok pods, a broken image or a wrong address: replacing would never end."""
+    late = mirror.REGISTRATION_DEADLINE_S + 30
+    sync, view, deletes = setup([], {"cpu-0": late, "cpu-1": late})
+    await sync.replace_unregistered(view)
+    assert deletes.deleted == []
+    assert "check the slurmd log" in view.conditions[0][3]
+
+
+async def test_a_view_not_polled_since_the_deadline_decides_nothing() -> None:
+    late = mirror.REGISTRATION_DEADLINE_S + 30
+    sync, view, deletes = setup(["cpu-0"], {"cpu-0": late, "cpu-1": late})
+    assert view.conn is not None
+    view.conn.informer._last_poll_done -= 60  # the last poll predates cpu-1's deadline
+    await sync.replace_unregistered(view)
+    assert deletes.deleted == [] and view.conditions == []
