@@ -98,5 +98,14 @@ crds: venv
 bench: images
 	$(BIN)/python -m bench
 
+## Chaos soak on a test bed of its own (bench/soak.py): batch jobs and bridge pods while
+## processes are killed, NodeSets scaled and rolled, nodes drained; then the report.
+SOAK_DURATION ?= 30m
+SOAK_SEED ?= 1
+SOAK_ARGS ?=
+.PHONY: soak
+soak: images
+	$(BIN)/python -m bench.soak --duration $(SOAK_DURATION) --seed $(SOAK_SEED) $(SOAK_ARGS)
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

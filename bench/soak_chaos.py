@@ -133,16 +133,21 @@ async def replicas(soak: Soak, nodeset: str) -> int:
 
 
 async def wait_until_fine(
-    soak: Soak, check: Callable[[], Awaitable[list[str]]], timeout: float
+    soak: Soak,
+    check: Callable[[], Awaitable[list[str]]],
+    timeout: float,
+    first: list[str] | None = None,
 ) -> list[str]:
     """Poll `check` until it finds nothing wrong (returns []) or the timeout (returns the
-    last problems)."""
+    last problems); `first` receives what the first check found."""
     deadline = time.monotonic() + timeout
     while True:
         try:
             problems = await check()
         except UNREACHABLE as e:
             problems = [f"cannot check: {type(e).__name__}: {e}"]
+        if first is not None and not first:
+            first += problems or ["nothing"]
         if not problems or time.monotonic() > deadline:
             return problems
         await asyncio.sleep(RECOVERY_POLL_S)
@@ -447,9 +452,11 @@ async def run_action(soak: Soak, planned: Planned) -> None:
         record.error = f"{type(e).__name__}: {e}"
     record.done_at = time.time()
     soak.log(f"chaos {chaos.name}: {record.error or record.detail}")
+    first: list[str] = []
     left = await wait_until_fine(
-        soak, lambda: chaos.recovered(soak, record.started_at), chaos.recover_within_s
+        soak, lambda: chaos.recovered(soak, record.started_at), chaos.recover_within_s, first
     )
+    record.first_problems = "; ".join(first)
     if left:
         record.not_recovered = "; ".join(left)
         within = f"{chaos.recover_within_s:.0f}s"

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import time
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -31,6 +32,7 @@ KILLED, SLURM, COMPLETED, UNFINISHED = "killed", "ended by Slurm", "completed", 
 POD_OK, POD_BAD, POD_SLURM = "Succeeded", "not Succeeded", "ended by Slurm"
 CONTEXT_S = 30.0  # actions this long before a job ran (a pod was made) count as context
 LOG_LINES_PER_JOB = 8
+SLOW_RECOVERY_S = 30.0
 _JOB_ID = re.compile(r"JobId=(\d+)\b")
 _NOISE = re.compile(r"0x[0-9a-f]+|[0-9a-f]{8}-[0-9a-f-]{27}|\d+(\.\d+)?")
 
@@ -53,7 +55,7 @@ class Report:
     settle_s: float = 0.0
     jobs: dict[str, int] = field(default_factory=dict)
     job_verdicts: list[Verdict] = field(default_factory=list)
-    submit_failures: int = 0
+    submit_failures: list[str] = field(default_factory=list)
     pods: dict[str, int] = field(default_factory=dict)
     pod_verdicts: list[Verdict] = field(default_factory=list)
     create_refusals: list[str] = field(default_factory=list)
@@ -93,12 +95,16 @@ def exit_code(report: Report) -> int:
 # ---------------------------------------------------------------- judging
 
 
-def overlaps(soak: Soak, start: float, end: float) -> list[str]:
-    """The chaos actions and crashes that ran during [start - CONTEXT_S, end]."""
+def overlaps(soak: Soak, start: float, end: float, nodes: Collection[str] = ()) -> list[str]:
+    """The chaos actions and crashes that ran during [start - CONTEXT_S, end]; an action
+    that names one of `nodes` is marked."""
     out = []
     for a in soak.actions:
         if a.started_at <= end and (a.done_at or end) >= start - CONTEXT_S:
-            out.append(f"{soak.rel(a.started_at)} {a.name}: {a.error or a.detail}")
+            said = a.error or a.detail
+            hit = sorted(n for n in nodes if re.search(rf"\b{re.escape(n)}\b", said))
+            mark = f"   <== {', '.join(hit)}" if hit else ""
+            out.append(f"{soak.rel(a.started_at)} {a.name}: {said}{mark}")
     out += [
         f"{soak.rel(t)} {name} exited on its own: {line[:200]}"
         for t, name, line in soak.exits
@@ -115,7 +121,10 @@ def judge_job(soak: Soak, job: TrackedJob, slurm_log: dict[int, list[str]]) -> V
         f"submitted {soak.rel(job.submitted_at)}"
         + ("" if job.answered else " (submission failed, Slurm made it)"),
         "Slurm states: " + ", ".join(history),
-        *[f"during: {c}" for c in overlaps(soak, job.running_since or job.submitted_at, end)],
+        *[
+            f"during: {c}"
+            for c in overlaps(soak, job.running_since or job.submitted_at, end, job.nodes_seen)
+        ],
         *[f"slurmctld.log: {ln}" for ln in slurm_log.get(job.job_id, [])[:LOG_LINES_PER_JOB]],
     ]
     if job.vanished_at is not None:
@@ -168,7 +177,7 @@ def judge_pod(soak: Soak, pod: BridgePod, events: dict[str, list[str]]) -> Verdi
     evidence = [
         f"created {soak.rel(pod.created_at)}, sleep {pod.seconds}s, "
         f"{'kept' if pod.keep else 'deleted'} once finished",
-        f"bound {soak.rel(pod.bound_at)} to {pod.node}" if pod.bound_at else "never bound",
+        f"seen bound {soak.rel(pod.bound_at)} to {pod.node}" if pod.bound_at else "not seen bound",
         f"placeholder jobs {sorted(pod.job_ids)}",
         *[f"event: {e}" for e in events.get(pod.name, [])],
     ]
@@ -190,7 +199,7 @@ def judge_pod(soak: Soak, pod: BridgePod, events: dict[str, list[str]]) -> Verdi
             key, POD_SLURM, f"its job {lost[0]} was lost by slurmctld's kill -9", evidence
         )
     end = pod.finished_at or pod.gone_at or time.time()
-    evidence += [f"during: {c}" for c in overlaps(soak, pod.created_at, end)]
+    evidence += [f"during: {c}" for c in overlaps(soak, pod.created_at, end, {pod.node})]
     if pod.gone_at is not None:
         return Verdict(
             key, POD_BAD, f"gone at {soak.rel(pod.gone_at)} before it finished", evidence
@@ -266,7 +275,7 @@ def build(
     verdicts = [judge_job(soak, j, log) for j in batch]
     r.jobs = {"submitted": len(batch), **Counter(v.verdict for v in verdicts)}
     r.job_verdicts = [v for v in verdicts if v.verdict != COMPLETED]
-    r.submit_failures = len(soak.submit_failures)
+    r.submit_failures = [f"{soak.rel(t)} {name}: {e}" for t, name, e in soak.submit_failures]
     pods = list(soak.pods.values())
     pod_verdicts = [judge_pod(soak, p, events) for p in pods]
     r.pods = {
@@ -288,6 +297,12 @@ def build(
             "recovered": len(recovered),
             "recovery_s_max": round(max(recovered), 1) if recovered else None,
             "errors": [a.error for a in runs if a.error],
+            "slow": [
+                f"{soak.rel(a.started_at)} recovered after {a.recovered_after:.0f}s; first "
+                f"seen: {a.first_problems}"
+                for a in runs
+                if a.recovered_after is not None and a.recovered_after > SLOW_RECOVERY_S
+            ],
             "what": chaos.what,
             "recovered_means": chaos.recovered_means,
         }
@@ -354,7 +369,7 @@ def render(r: Report) -> str:
         f"  batch jobs submitted {r.jobs.get('submitted', 0)}: COMPLETED "
         f"{r.jobs.get(COMPLETED, 0)}, killed by us {r.jobs.get(KILLED, 0)}, ended by Slurm "
         f"{r.jobs.get(SLURM, 0)}, unfinished {r.jobs.get(UNFINISHED, 0)}; "
-        f"submissions that failed {r.submit_failures}",
+        f"submissions that failed {len(r.submit_failures)}",
         f"  bridge pods created {r.pods.get('created', 0)} ({r.pods.get('single', 0)} single, "
         f"{r.pods.get('in gangs', 0)} in gangs of 2, {r.pods.get('left in place', 0)} left in "
         f"place): Succeeded {r.pods.get(POD_OK, 0)}, not Succeeded {r.pods.get(POD_BAD, 0)}, "
@@ -370,6 +385,7 @@ def render(r: Report) -> str:
         slowest = f", {c['recovery_s_max']}s" if c["recovery_s_max"] is not None else ""
         errors = f"; errors: {'; '.join(c['errors'])}" if c["errors"] else ""
         lines.append(f"  {name:20} {c['ran']:3} / {c['recovered']}{slowest}{errors}")
+        lines += [f"      slow: {s}" for s in c["slow"]]
     if r.exits:
         lines += ["  processes that exited on their own (restarted by the soak):"]
         lines += [f"    {e}" for e in r.exits]
@@ -405,6 +421,9 @@ def render(r: Report) -> str:
         for v in r.pod_verdicts:
             lines.append(f"  pod {v.key}: {v.verdict}: {v.why}")
             lines += [f"      {e}" for e in v.evidence]
+    if r.submit_failures:
+        lines += ["", "Batch submissions that failed (slurmrestd or slurmctld down; not retried)"]
+        lines += [f"  {x}" for x in r.submit_failures]
     if r.create_refusals:
         lines += ["", "Pod creations refused (each retried)"]
         lines += [f"  {x}" for x in r.create_refusals[:20]]

@@ -100,6 +100,7 @@ class ActionRecord:
     detail: str = ""
     error: str = ""
     recovered_after: float | None = None  # seconds from done_at
+    first_problems: str = ""  # what was wrong at the first recovery check
     not_recovered: str = ""  # what was still wrong at the deadline
 
 

@@ -39,8 +39,11 @@ MAX_BACKLOG = 20  # pending jobs of a stream before it waits
 WAVE_GAP_S = (90.0, 180.0)
 GANG_SHARE = 0.3
 KEEP_SHARE = 0.4
+EXCLUSIVE_SHARE = 0.2  # the rest share their node (a placeholder job is exclusive by default)
+MAX_PODS_WAITING = 12  # unbound pods before the bridge stream waits
 CREATE_RETRY_S = 90.0
 SECONDS_ANNOTATION = "soak.slinky.slurm.net/seconds"
+EXCLUSIVE_ANNOTATION = bridge_labels.SLURMJOB_PREFIX + "exclusive"
 KWOK_TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists"}
 TERMINAL = ("Succeeded", "Failed")
 
@@ -62,7 +65,7 @@ def job_description(name: str, partition: str, nodes_: int, seconds: int) -> JSO
         "memory_per_node": {"set": True, "number": 100},
         "current_working_directory": "/tmp",
         "environment": ["PATH=/usr/bin:/bin"],
-        "time_limit": {"set": True, "number": seconds // 60 + 3},
+        "time_limit": {"set": True, "number": seconds // 60 + 2},
     }
 
 
@@ -199,18 +202,18 @@ def note_state(tracked: TrackedJob, job: Job, at: float) -> None:
 # ---------------------------------------------------------------- bridge pods
 
 
-def bridge_pod(name: str, seconds: int, group: str) -> JSON:
+def bridge_pod(name: str, seconds: int, group: str, *, exclusive: bool) -> JSON:
+    """A pod that sleeps `seconds`; a gang's pods take the job's shape from their PodGroup."""
     labels = {"app.kubernetes.io/name": "soak"}
+    annotations = {SECONDS_ANNOTATION: str(seconds)}
     if group:
         labels[PODGROUP_LABEL] = group
+    else:
+        annotations[EXCLUSIVE_ANNOTATION] = str(exclusive).lower()
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "labels": labels,
-            "annotations": {SECONDS_ANNOTATION: str(seconds)},
-        },
+        "metadata": {"name": name, "labels": labels, "annotations": annotations},
         "spec": {
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 5,
@@ -228,11 +231,14 @@ def bridge_pod(name: str, seconds: int, group: str) -> JSON:
     }
 
 
-def pod_group(name: str, members: int) -> JSON:
+def pod_group(name: str, members: int, *, exclusive: bool) -> JSON:
     return {
         "apiVersion": X_PODGROUPS.api_version,
         "kind": X_PODGROUPS.kind,
-        "metadata": {"name": name},
+        "metadata": {
+            "name": name,
+            "annotations": {EXCLUSIVE_ANNOTATION: str(exclusive).lower()},
+        },
         "spec": {"minMember": members},
     }
 
@@ -263,7 +269,8 @@ async def create(soak: Soak, res: rest.Resource, obj: JSON, pod: BridgePod | Non
 
 
 async def bridge_stream(soak: Soak, seed: int, intensity: float, max_seconds: int) -> None:
-    """Single pods and gangs of two, each left in place or deleted once finished."""
+    """Single pods and gangs of two, most sharing their nodes, each left in place or deleted
+    once finished."""
     rng = random.Random(f"bridge/{seed}")
     n = 0
     while not soak.stopping.is_set():
@@ -271,13 +278,16 @@ async def bridge_stream(soak: Soak, seed: int, intensity: float, max_seconds: in
         gang = rng.random() < GANG_SHARE
         seconds = rng.randint(3, max_seconds)
         keep = rng.random() < KEEP_SHARE
+        exclusive = rng.random() < EXCLUSIVE_SHARE
         await sleep_unless_stopping(soak, gap)
+        while waiting_pods(soak) >= MAX_PODS_WAITING and not soak.stopping.is_set():
+            await sleep_unless_stopping(soak, 2)
         if soak.stopping.is_set():
             return
         n += 1
         if gang:
             group = f"g{n}"
-            await create(soak, X_PODGROUPS, pod_group(group, 2), None)
+            await create(soak, X_PODGROUPS, pod_group(group, 2, exclusive=exclusive), None)
             members = [BridgePod(f"{group}-{i}", group, seconds, keep) for i in range(2)]
         else:
             members = [BridgePod(f"p{n}", "", seconds, keep)]
@@ -285,8 +295,13 @@ async def bridge_stream(soak: Soak, seed: int, intensity: float, max_seconds: in
             soak.pods[pod.name] = pod
             pod.created_at = time.time()
         for pod in members:
-            pod.uid = await create(soak, rest.PODS, bridge_pod(pod.name, seconds, pod.group), pod)
+            manifest = bridge_pod(pod.name, seconds, pod.group, exclusive=exclusive)
+            pod.uid = await create(soak, rest.PODS, manifest, pod)
             pod.never_created = not pod.uid
+
+
+def waiting_pods(soak: Soak) -> int:
+    return sum(1 for p in soak.pods.values() if p.bound_at is None and not p.settled)
 
 
 async def tend_bridge_pods(soak: Soak, listing: list[JSON], asked_at: float) -> None:
