@@ -14,7 +14,7 @@ managedNodeTaint:
   enabled: true         # taint nodes Slurm knows, so only bridge-scheduled pods land there
   effect: NoExecute     # or NoSchedule / PreferNoSchedule
 slurmPollInterval: 2s   # how often Slurm nodes are asked for changes while pods wait
-slurmIdlePollInterval: 10s  # ... and while none waits (update_time deltas: one request)
+slurmIdlePollInterval: 15s  # ... and while none waits (update_time deltas: one request)
 immediateAllocation: true  # ask Slurm to allocate at once when a node looks free
 ```
 
@@ -96,7 +96,7 @@ class BridgeConfig:
     slurm_auth: SlurmAuth | None = None
     managed_node_taint: NodeTaint = NodeTaint()
     slurm_poll_interval: float = 2.0
-    slurm_idle_poll_interval: float = 10.0
+    slurm_idle_poll_interval: float = 15.0
     immediate_allocation: bool = True
 
     def is_managed_namespace(self, name: str, labels: dict[str, str] | None) -> bool:
