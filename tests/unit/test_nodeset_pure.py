@@ -10,8 +10,8 @@ from slinky.api.schema import parse
 from slinky.api.v1alpha1.nodeset import NodeSetSpec
 from slinky.operator.nodeset import builder, pods, sync
 from slinky.operator.nodeset import scalein as scaling
-from slinky.operator.nodeset.mirror import slurm_conditions
-from slinky.operator.nodeset.update import choose, max_unavailable
+from slinky.operator.nodeset.mirror import REGISTRATION_WINDOW_S, slurm_conditions
+from slinky.operator.nodeset.update import choose, max_unavailable, settling
 from slinky.slurm.models import Node
 
 JSON = dict[str, Any]
@@ -186,19 +186,39 @@ def test_an_update_drains_a_busy_node_only_within_max_unavailable_even_if_it_loo
     idle = scaling.Candidate(pod("idle", ready=False), 2, node("idle", "IDLE"))
     gone = scaling.Candidate(pod("gone", ready=False), 3, None)
     fine = scaling.Candidate(pod("fine"), 4, node("fine", "IDLE"))
+    now = dt.datetime.now(dt.UTC)
 
     def is_available(p: JSON) -> bool:
         return pods.is_ready(p)
 
-    names = [p["metadata"]["name"] for p in choose([busy, idle, gone, fine], 0, is_available)]
-    assert names == ["idle", "gone"]
-    names = [p["metadata"]["name"] for p in choose([busy, idle, gone, fine], 1, is_available)]
-    assert names == ["busy", "idle", "gone"]
-    names = [p["metadata"]["name"] for p in choose([fine, busy], 1, is_available)]
-    assert names == ["fine"]
-    # Ready but absent from the Slurm cache: a view behind, counted like an available pod.
-    unseen = scaling.Candidate(pod("unseen"), 5, None)
-    assert choose([unseen], 0, lambda _p: False) == []
+    def names(cands: list[scaling.Candidate], allowed: int) -> list[str]:
+        chosen, _ = choose(cands, allowed, is_available, now)
+        return [p["metadata"]["name"] for p in chosen]
+
+    assert names([busy, idle, gone, fine], 0) == ["idle", "gone"]
+    assert names([busy, idle, gone, fine], 1) == ["busy", "idle", "gone"]
+    assert names([fine, busy], 1) == ["fine"]
+
+
+def test_an_update_never_replaces_for_free_a_pod_ready_within_the_registration_window() -> None:
+    """Ready a moment ago and its Slurm node not shown (registering, or the view predates
+    the registration): not known to be unavailable, so it does not go for free. Once the
+    window has passed, a Ready pod without a Slurm node is broken, and goes for free."""
+
+    def ready_for(name: str, seconds: float) -> JSON:
+        p = pod(name)
+        since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=seconds)
+        p["status"]["conditions"][0]["lastTransitionTime"] = since.isoformat()
+        return p
+
+    now = dt.datetime.now(dt.UTC)
+    fresh = scaling.Candidate(ready_for("fresh", 3), 1, None)
+    broken = scaling.Candidate(ready_for("broken", 600), 2, None)
+    chosen, held = choose([fresh, broken], 0, lambda _p: False, now)
+    assert (chosen, held) == ([broken.pod], [fresh.pod])
+    assert 0 < settling(fresh.pod, now) <= REGISTRATION_WINDOW_S - 2
+    assert settling(broken.pod, now) == 0
+    assert settling(pod("unready", ready=False), now) == 0
 
 
 def test_slurm_state_becomes_pod_conditions_with_reason() -> None:

@@ -4,21 +4,26 @@ Old-revision pods (ordinal >= `partition`) are replaced through the scale-in pat
 drain, delete once drained); the scale-out step re-creates them at the new revision. At no
 time are more than `maxUnavailable` pods unavailable, old and new counted together. A pod is
 available when it has been Ready for `minReadySeconds`, is not condemned, and its Slurm node
-is present and neither DOWN nor NOT_RESPONDING; an unavailable pod whose Slurm node runs
-jobs still counts against `maxUnavailable` when it is chosen (`choose`). No update starts
-while the Slurm view is not synced or while a scale-in is under way.
+is present and neither DOWN nor NOT_RESPONDING. An old pod that is unavailable already is
+replaced without taking one of the `maxUnavailable`, unless its Slurm node runs jobs or it
+became Ready less than `REGISTRATION_WINDOW_S` ago (`choose`). No update starts while the
+Slurm view is not synced or while a scale-in is under way.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import math
 from collections.abc import Callable
 from typing import Any, cast
 
 from slinky.api.v1alpha1.nodeset import RollingUpdate
 from slinky.operator.nodeset import pods, scalein, slurmcontrol
+from slinky.operator.nodeset.mirror import REGISTRATION_WINDOW_S
 from slinky.operator.nodeset.view import Context, View
+
+log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 
@@ -51,24 +56,44 @@ def available_in_slurm(view: View, pod: JSON, now: dt.datetime) -> bool:
 
 
 def choose(
-    ordered: list[scalein.Candidate], allowed: int, is_available: Callable[[JSON], bool]
-) -> list[JSON]:
-    """The old pods to replace now, from the most disposable: each available pod takes one
-    of the `allowed` unavailabilities, and so does a pod whose Slurm node runs jobs however
-    Kubernetes sees it (a readiness probe that timed out on a busy machine, a node briefly
-    NOT_RESPONDING: draining it still takes a node from Slurm's users), and a Ready pod
-    whose Slurm node the cache does not show (a view behind, not a broken pod). Only an
-    unavailable pod with no job running goes without: replacing it costs nothing."""
-    chosen = []
+    ordered: list[scalein.Candidate],
+    allowed: int,
+    is_available: Callable[[JSON], bool],
+    now: dt.datetime,
+) -> tuple[list[JSON], list[JSON]]:
+    """The old pods to replace now, from the most disposable, and those held back. Each
+    available pod takes one of the `allowed` unavailabilities, and so does a pod whose Slurm
+    node runs jobs however Kubernetes sees it (a readiness probe that timed out on a busy
+    machine, a node briefly NOT_RESPONDING: draining it still takes a node from Slurm's
+    users). Any other unavailable pod is counted as unavailable already, so replacing it
+    costs nothing; but not while it is `settling`: that one is held back."""
+    chosen: list[JSON] = []
+    held: list[JSON] = []
     for c in ordered:
         runs_jobs = c.node is not None and c.node.state.is_busy
-        unseen = c.node is None and pods.is_ready(c.pod)
-        if is_available(c.pod) or runs_jobs or unseen:
+        if is_available(c.pod) or runs_jobs:
             if allowed <= 0:
                 continue  # an unavailable idle pod later in the order may still go
             allowed -= 1
+        elif settling(c.pod, now) > 0:
+            held.append(c.pod)
+            continue
         chosen.append(c.pod)
-    return chosen
+    return chosen, held
+
+
+def settling(pod: JSON, now: dt.datetime) -> float:
+    """Seconds left until the pod has been Ready for REGISTRATION_WINDOW_S (0: it has, or it
+    is not Ready). Until then, whatever makes it look unavailable may be gone a moment
+    later: its slurmd registers only after the container is Ready, and the Slurm view may
+    predate that registration (an update right after the pods started saw Ready pods whose
+    nodes the last poll did not show yet, took them all for unavailable and condemned them
+    at once). Such a pod is not replaced for free: it waits for a view showing its node, or
+    for the window to pass (a slurmd that never registers is then replaced for free)."""
+    since = pods.ready_since(pod)
+    if since is None:
+        return 0.0
+    return max(0.0, REGISTRATION_WINDOW_S - (now - since).total_seconds())
 
 
 async def rolling_update(ctx: Context, view: View) -> list[float]:
@@ -100,8 +125,24 @@ async def rolling_update(ctx: Context, view: View) -> list[float]:
     n_available = sum(1 for p in view.active.values() if available_in_slurm(view, p, now))
     allowed = max_unavailable(ru, view.spec.replicas) - max(0, view.spec.replicas - n_available)
     ordered = scalein.victims(scalein.candidates(view, old), len(old))
-    chosen = choose(ordered, allowed, lambda pod: available_in_slurm(view, pod, now))
+    chosen, held = choose(ordered, allowed, lambda p: available_in_slurm(view, p, now), now)
+    if chosen or held:
+        log.debug(
+            "nodeset %s: rolling update: %d of %d available, %d more may go; replacing [%s]; "
+            "held back while settling [%s]",
+            view.key,
+            n_available,
+            view.spec.replicas,
+            allowed,
+            ", ".join(pods.name(p) for p in chosen[:20]),
+            ", ".join(pods.name(p) for p in held[:20]),
+        )
     waiting |= await scalein.remove_all(
         ctx, view, chosen, scalein.CONDEMNED_UPDATE, slurmcontrol.REASON_UPDATE
     )
-    return [scalein.DRAIN_RECHECK_S] if waiting else []
+    requeue = [scalein.DRAIN_RECHECK_S] if waiting else []
+    if held:
+        # Decided again when the first window ends, even if no event comes before (a slurmd
+        # that never registers sends none).
+        requeue.append(min(settling(p, now) for p in held))
+    return requeue
