@@ -32,6 +32,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from slinky_testbed import nodes, paths
 from slinky_testbed.bed import Testbed
 
@@ -67,14 +69,12 @@ def counters(metrics_url: str) -> dict[str, float]:
     with urllib.request.urlopen(metrics_url, timeout=5) as r:
         text = r.read().decode()
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("slurm_rest_requests_total{"):
-            labels = dict(
-                part.split("=", 1)
-                for part in line[line.index("{") + 1 : line.index("}")].split(",")
-            )
-            key = " ".join(labels[k].strip('"') for k in ("method", "endpoint", "code"))
-            out[key] = out.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "slurm_rest_requests_total":
+                labels = sample.labels
+                key = f"{labels['method']} {labels['endpoint']} {labels['code']}"
+                out[key] = out.get(key, 0.0) + sample.value
     return out
 
 
