@@ -81,24 +81,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def unsettled(soak: Soak) -> list[str]:
-    """Work still under way: jobs not ended, pods not finished (or not yet deleted), and,
-    once every pod is done, placeholder jobs still live."""
+PLACEHOLDERS_WAIT_S = 120.0
+
+
+async def work_left(soak: Soak) -> list[str]:
+    """Work still under way: jobs not ended, pods not finished (or not yet deleted)."""
     out = [
         f"job {j.job_id} {j.final_state or 'not listed yet'}"
         for j in soak.jobs.values()
         if not j.placeholder and not j.finished
     ]
-    out += [
+    return out + [
         f"pod {p.name} {p.phase or 'not listed yet'}" for p in soak.pods.values() if not p.settled
     ]
-    if not out:
-        out = [
-            f"placeholder job {j.job_id} {j.final_state}"
-            for j in soak.jobs.values()
-            if j.placeholder and not j.finished
-        ]
-    return out
+
+
+async def placeholders_left(soak: Soak) -> list[str]:
+    """Placeholder jobs still live (once the pods are done, the bridge cancels them all)."""
+    return [
+        f"placeholder job {j.job_id} {j.final_state}"
+        for j in soak.jobs.values()
+        if j.placeholder and not j.finished
+    ]
 
 
 async def pod_events(soak: Soak) -> dict[str, list[str]]:
@@ -110,6 +114,27 @@ async def pod_events(soak: Soak) -> dict[str, list[str]]:
                 name = (e.get("involvedObject") or {}).get("name", "")
                 out.setdefault(name, []).append(f"{e.get('reason')}: {e.get('message')}"[:300])
     return out
+
+
+async def settle(soak: Soak, invariants: InvariantWatch, work_for: float) -> list[str]:
+    """After the chaos: put things back (soak_chaos.restore), wait for the work to end (at
+    most `work_for` seconds), for the bridge to cancel its last placeholder jobs, and for
+    everything to look right (soak_health); then judge the invariants one last time. Returns
+    what stayed wrong."""
+    t0 = time.time()
+    await soak_chaos.restore(soak)
+    left = await soak_chaos.wait_until_fine(soak, lambda: work_left(soak), work_for)
+    took = f"{time.time() - t0:.0f}s"
+    soak.log(f"work settled after {took}" if not left else f"work NOT settled: {left[:10]}")
+    await soak_chaos.wait_until_fine(soak, lambda: placeholders_left(soak), PLACEHOLDERS_WAIT_S)
+    stuck = await soak_chaos.wait_until_fine(
+        soak, lambda: soak_health.all_problems(soak), STUCK_WAIT_S
+    )
+    for _ in range(10):
+        if await observe_once(soak, invariants, final=True):
+            break
+        await asyncio.sleep(3)
+    return stuck + [f"work not settled: {x}" for x in left]
 
 
 async def soak_run(args: argparse.Namespace, bed: Testbed, echo: Callable[[str], None]) -> int:
@@ -156,27 +181,9 @@ async def soak_run(args: argparse.Namespace, bed: Testbed, echo: Callable[[str],
         soak.log("no more work submitted; waiting for the last chaos action to recover")
         await chaos
         ran_s = time.time() - soak.started_at
-        await soak_chaos.restore(soak)
-        settle_t0 = time.time()
-
-        async def work_left() -> list[str]:
-            return unsettled(soak)
-
-        left = await soak_chaos.wait_until_fine(soak, work_left, args.settle)
-        soak.log(
-            f"work settled after {time.time() - settle_t0:.0f}s"
-            if not left
-            else f"work NOT settled: {left[:10]}"
-        )
-        stuck = await soak_chaos.wait_until_fine(
-            soak, lambda: soak_health.all_problems(soak), STUCK_WAIT_S
-        )
-        for _ in range(10):
-            if await observe_once(soak, invariants, final=True):
-                break
-            await asyncio.sleep(3)
+        stuck = await settle(soak, invariants, args.settle)
         await soak_metrics.scrape_all(soak, requests)
-        settle_s = time.time() - settle_t0
+        settle_s = time.time() - soak.started_at - ran_s
         events = await pod_events(soak)
     finally:
         for task in [*background, *streams]:
@@ -193,7 +200,7 @@ async def soak_run(args: argparse.Namespace, bed: Testbed, echo: Callable[[str],
         settle_s=settle_s,
         invariants=invariants,
         requests=requests,
-        stuck=stuck + [f"work not settled: {x}" for x in left],
+        stuck=stuck,
         events=events,
     )
     (out / "report.json").write_text(json.dumps(report.to_json(), indent=2))

@@ -23,6 +23,10 @@ from bench.soak_health import UNREACHABLE
 from bench.soak_state import Soak
 
 SCRAPE_S = 10.0
+# A component sending more than this many requests per minute to one server for a minute or
+# longer is in a loop (the steady state is a few per minute, a busy soak a few hundred).
+STORM_PER_MINUTE = 1200.0
+STORM_MIN_S = 60.0
 COUNTERS = {
     "operator": ("slurm_rest_requests_total", "rest_client_requests_total"),
     "bridge": ("slurm_rest_requests_total", "rest_client_requests_total"),
@@ -48,6 +52,10 @@ class Requests:
     )
     since: float = 0.0
     until: float = 0.0
+    # (component, counter) -> (scrape time, requests per minute since the previous scrape,
+    # the busiest endpoint of that span)
+    rates: dict[tuple[str, str], list[tuple[float, float, str]]] = field(default_factory=dict)
+    scraped_at: dict[str, float] = field(default_factory=dict)
 
     def add(self, name: str, text: str, *, baseline: bool) -> None:
         comp = self.components[name]
@@ -62,10 +70,28 @@ class Requests:
                     values[key] = values.get(key, 0.0) + sample.value
         new_process = comp.started is not None and started != comp.started
         comp.restarts_seen += int(new_process)
+        now = time.time()
+        span = now - self.scraped_at.get(name, now)
+        self.scraped_at[name] = now
+        added: dict[str, float] = {}
+        busiest: dict[str, tuple[float, str]] = {}
         for key, value in values.items():
             before = 0.0 if new_process else comp.last.get(key, 0.0 if comp.started else value)
             if not baseline:
-                comp.total[key] = comp.total.get(key, 0.0) + max(0.0, value - before)
+                delta = max(0.0, value - before)
+                comp.total[key] = comp.total.get(key, 0.0) + delta
+                added[key[0]] = added.get(key[0], 0.0) + delta
+                labels = dict(key[1])
+                where = (
+                    f"{labels.get('method', labels.get('verb', ''))} {labels.get('endpoint', '')}"
+                )
+                if delta > busiest.get(key[0], (0.0, ""))[0]:
+                    busiest[key[0]] = (delta, where.strip())
+        if span > 0 and not new_process:
+            for counter, delta in added.items():
+                self.rates.setdefault((name, counter), []).append(
+                    (now, delta / span * 60, busiest.get(counter, (0.0, ""))[1])
+                )
         comp.started, comp.last = started, values
 
     def per_minute(self, name: str, sample: str, **match: str) -> float:
@@ -87,6 +113,29 @@ class Requests:
                 grouped[key] = grouped.get(key, 0.0) + v
         ranked = sorted(grouped.items(), key=lambda kv: -kv[1])[:n]
         return [f"{k} {v / minutes:.1f}" for k, v in ranked]
+
+    def storms(self) -> list[tuple[float, str]]:
+        """Spans of STORM_MIN_S or more in which a component sent more than
+        STORM_PER_MINUTE requests per minute to one server: (start, what)."""
+        out = []
+        for (name, sample), series in self.rates.items():
+            run: list[tuple[float, float, str]] = []
+            for point in [*series, (float("inf"), 0.0, "")]:
+                if point[1] > STORM_PER_MINUTE:
+                    run.append(point)
+                    continue
+                if run and run[-1][0] - run[0][0] + SCRAPE_S >= STORM_MIN_S:
+                    peak = max(run, key=lambda p: p[1])
+                    lasted = run[-1][0] - run[0][0] + SCRAPE_S
+                    out.append(
+                        (
+                            run[0][0] - SCRAPE_S,
+                            f"{name} {sample}: over {STORM_PER_MINUTE:.0f}/min for "
+                            f"{lasted:.0f}s, peak {peak[1]:.0f}/min (mostly {peak[2]})",
+                        )
+                    )
+                run = []
+        return out
 
 
 def fetch(url: str) -> str:

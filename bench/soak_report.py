@@ -62,10 +62,12 @@ class Report:
     placeholder_jobs: dict[str, int] = field(default_factory=dict)
     chaos: dict[str, JSON] = field(default_factory=dict)
     exits: list[str] = field(default_factory=list)
+    watch_gaps: list[str] = field(default_factory=list)
     hpa_zero_and_back: int = 0
     invariants: dict[str, list[str]] = field(default_factory=dict)
     invariant_samples: int = 0
     stuck: list[str] = field(default_factory=list)
+    request_storms: list[str] = field(default_factory=list)
     log_errors: dict[str, JSON] = field(default_factory=dict)
     requests_per_minute: JSON = field(default_factory=dict)
 
@@ -82,6 +84,8 @@ class Report:
             out.append(f"{n} invariant breaches")
         if self.stuck:
             out.append(f"{len(self.stuck)} stuck objects or unrecovered actions")
+        if self.request_storms:
+            out.append(f"{len(self.request_storms)} request storms")
         return out
 
     def to_json(self) -> JSON:
@@ -102,7 +106,7 @@ def overlaps(soak: Soak, start: float, end: float, nodes: Collection[str] = ()) 
     for a in soak.actions:
         if a.started_at <= end and (a.done_at or end) >= start - CONTEXT_S:
             said = a.error or a.detail
-            hit = sorted(n for n in nodes if re.search(rf"\b{re.escape(n)}\b", said))
+            hit = sorted(n for n in nodes if n and re.search(rf"\b{re.escape(n)}\b", said))
             mark = f"   <== {', '.join(hit)}" if hit else ""
             out.append(f"{soak.rel(a.started_at)} {a.name}: {said}{mark}")
     out += [
@@ -128,6 +132,12 @@ def judge_job(soak: Soak, job: TrackedJob, slurm_log: dict[int, list[str]]) -> V
         *[f"slurmctld.log: {ln}" for ln in slurm_log.get(job.job_id, [])[:LOG_LINES_PER_JOB]],
     ]
     if job.vanished_at is not None:
+        logged = completed_in_log(slurm_log.get(job.job_id, []))
+        if logged is not None and not job.restart_cnt:
+            # Ended and purged (MinJobAge) while the soak's watch could not list jobs.
+            return Verdict(
+                key, COMPLETED, f"COMPLETED at {soak.rel(logged)} (slurmctld.log)", evidence
+            )
         kills = [t for t in soak.slurmctld_kills if job.submitted_at - 1 <= t <= job.vanished_at]
         if kills:
             return Verdict(
@@ -172,7 +182,9 @@ def judge_job(soak: Soak, job: TrackedJob, slurm_log: dict[int, list[str]]) -> V
     )
 
 
-def judge_pod(soak: Soak, pod: BridgePod, events: dict[str, list[str]]) -> Verdict:
+def judge_pod(
+    soak: Soak, pod: BridgePod, events: dict[str, list[str]], slurm_log: dict[int, list[str]]
+) -> Verdict:
     key = pod.name + (f" (gang {pod.group})" if pod.group else "")
     evidence = [
         f"created {soak.rel(pod.created_at)}, sleep {pod.seconds}s, "
@@ -180,6 +192,11 @@ def judge_pod(soak: Soak, pod: BridgePod, events: dict[str, list[str]]) -> Verdi
         f"seen bound {soak.rel(pod.bound_at)} to {pod.node}" if pod.bound_at else "not seen bound",
         f"placeholder jobs {sorted(pod.job_ids)}",
         *[f"event: {e}" for e in events.get(pod.name, [])],
+        *[
+            f"slurmctld.log: {ln}"
+            for j in sorted(pod.job_ids)
+            for ln in slurm_log.get(j, [])[:LOG_LINES_PER_JOB]
+        ],
     ]
     if pod.never_created:
         return Verdict(
@@ -271,13 +288,17 @@ def build(
             and not j.restart_cnt
         )
     ]
-    log = slurmctld_lines(soak.bed.logs / "slurmctld.log", {j.job_id for j in judged})
+    unsucceeded = [p for p in soak.pods.values() if p.phase != "Succeeded"]
+    log = slurmctld_lines(
+        soak.bed.logs / "slurmctld.log",
+        {j.job_id for j in judged} | {j for p in unsucceeded for j in p.job_ids},
+    )
     verdicts = [judge_job(soak, j, log) for j in batch]
     r.jobs = {"submitted": len(batch), **Counter(v.verdict for v in verdicts)}
-    r.job_verdicts = [v for v in verdicts if v.verdict != COMPLETED]
+    r.job_verdicts = [v for v in verdicts if v.verdict != COMPLETED or v.why]
     r.submit_failures = [f"{soak.rel(t)} {name}: {e}" for t, name, e in soak.submit_failures]
     pods = list(soak.pods.values())
-    pod_verdicts = [judge_pod(soak, p, events) for p in pods]
+    pod_verdicts = [judge_pod(soak, p, events, log) for p in pods]
     r.pods = {
         "created": sum(1 for p in pods if not p.never_created),
         "single": sum(1 for p in pods if not p.group),
@@ -313,6 +334,7 @@ def build(
             if a.not_recovered
         ]
     r.exits = [f"{soak.rel(t)} {name}: {line[:300]}" for t, name, line in soak.exits]
+    r.watch_gaps = [f"{soak.rel(a)}..{soak.rel(b)} ({b - a:.0f}s)" for a, b in soak.watch_gaps]
     r.hpa_zero_and_back = len(soak.hpa_back_at)
     for inv in INVARIANTS:
         r.invariants[inv.name] = [
@@ -322,6 +344,7 @@ def build(
         ]
     r.invariant_samples = invariants.samples
     r.stuck += stuck
+    r.request_storms = [f"from {soak.rel(t)}: {what}" for t, what in requests.storms()]
     r.log_errors = {n: log_errors(soak.bed.logs / f"{n}.log") for n in ("operator", "bridge")}
     r.requests_per_minute = {
         "slurmrestd": {
@@ -389,12 +412,18 @@ def render(r: Report) -> str:
     if r.exits:
         lines += ["  processes that exited on their own (restarted by the soak):"]
         lines += [f"    {e}" for e in r.exits]
+    if r.watch_gaps:
+        lines += [
+            "  the soak could not list Slurm's jobs during: " + ", ".join(r.watch_gaps),
+        ]
     lines += ["", f"Invariants ({r.invariant_samples} snapshots)"]
     for name, breaches in r.invariants.items():
         lines.append(f"  {name}: {len(breaches)}")
         lines += [f"    {b}" for b in breaches[:10]]
     lines += ["", f"Objects stuck / not recovered: {len(r.stuck) or 'none'}"]
     lines += [f"  {s}" for s in r.stuck]
+    lines += ["", f"Request storms: {len(r.request_storms) or 'none'}"]
+    lines += [f"  {s}" for s in r.request_storms]
     lines += ["", "Errors in our logs"]
     for name, e in r.log_errors.items():
         lines.append(f"  {name}: {e['error_lines']} ERROR lines, {e['tracebacks']} tracebacks")
@@ -412,7 +441,7 @@ def render(r: Report) -> str:
                 f"    {k}: {', '.join(v) if isinstance(v, list) else v}" for k, v in per.items()
             ]
     if r.job_verdicts:
-        lines += ["", "Batch jobs not COMPLETED at their first run"]
+        lines += ["", "Batch jobs not seen COMPLETED at their first run"]
         for v in r.job_verdicts:
             lines.append(f"  job {v.key}: {v.verdict}: {v.why}")
             lines += [f"      {e}" for e in v.evidence]

@@ -140,6 +140,10 @@ class Soak:
     bed_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # Times at which the HPA-driven NodeSet was seen at 0 replicas and back above it.
     hpa_zero_at: list[float] = field(default_factory=list)
+    # Spans in which the soak could not list jobs (slurmctld or slurmrestd down or swamped):
+    # what happened to its jobs then is read from slurmctld.log.
+    jobs_listed_at: float = field(default_factory=time.time)
+    watch_gaps: list[tuple[float, float]] = field(default_factory=list)
     hpa_back_at: list[float] = field(default_factory=list)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     # Called with a component's name just before the chaos stops it (its counters are read

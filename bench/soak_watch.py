@@ -17,6 +17,7 @@ from slinky.kube import rest
 from slinky.operator.resources import NODESETS
 
 OBSERVE_S = 3.0
+WATCH_GAP_S = 30.0
 
 
 async def observe_once(soak: Soak, invariants: InvariantWatch, *, final: bool = False) -> bool:
@@ -32,6 +33,9 @@ async def observe_once(soak: Soak, invariants: InvariantWatch, *, final: bool = 
     except UNREACHABLE:
         jobs = None
     if jobs is not None:
+        if jobs_at - soak.jobs_listed_at > WATCH_GAP_S:
+            soak.watch_gaps.append((soak.jobs_listed_at, jobs_at))
+        soak.jobs_listed_at = jobs_at
         track_jobs(soak, jobs, jobs_at)
     if pods is not None:
         await tend_bridge_pods(soak, pods, pods_at)

@@ -293,10 +293,10 @@ async def bridge_stream(soak: Soak, seed: int, intensity: float, max_seconds: in
             members = [BridgePod(f"p{n}", "", seconds, keep)]
         for pod in members:
             soak.pods[pod.name] = pod
-            pod.created_at = time.time()
-        for pod in members:
             manifest = bridge_pod(pod.name, seconds, pod.group, exclusive=exclusive)
             pod.uid = await create(soak, rest.PODS, manifest, pod)
+            # From the answer on: a listing asked for after it shows the pod.
+            pod.created_at = time.time()
             pod.never_created = not pod.uid
 
 
