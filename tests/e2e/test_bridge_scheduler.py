@@ -278,6 +278,28 @@ async def test_an_admin_can_not_requeue_a_placeholder_job_and_a_suspend_evicts_i
     assert (await job_ended(env, job)).state == ["CANCELLED"]
 
 
+async def test_a_pod_outside_the_managed_namespaces_naming_the_scheduler_gets_nothing(
+    bridge: BridgeEnv, managed_node: str, namespace: str
+) -> None:
+    """The managed namespaces are the boundary: a pod elsewhere that names the bridge's
+    scheduler waits with a reason, and no Slurm job is made for it."""
+    env = bridge
+    name = f"outside-{uuid.uuid4().hex[:6]}"
+    pod = workload_pod(name, ["sleep", "600"])
+    pod["spec"]["schedulerName"] = SCHEDULER
+    await env.kube.create(rest.PODS, pod, namespace)
+
+    def refused(p: JSON) -> bool:
+        c = conditions.find(p["status"].get("conditions"), "PodScheduled")
+        return c is not None and c["reason"] == "NamespaceNotManaged"
+
+    got = await pod_where(env, name, namespace, refused, "PodScheduled=False NamespaceNotManaged")
+    assert SLURM_JOBID not in (got["metadata"].get("labels") or {})
+    assert not got["spec"].get("nodeName")
+    named = await jobs_naming(env, {str(got["metadata"]["uid"])})
+    assert not any(named.values()), named
+
+
 async def test_deleting_a_pending_pod_cancels_its_job(bridge: BridgeEnv, managed_node: str) -> None:
     env, ns = bridge, bridge.managed_namespace
     name = f"pending-{uuid.uuid4().hex[:6]}"

@@ -20,7 +20,7 @@ from slinky.kube.store import Store
 from tests.unit.test_bridge_scheduler_sync import FakeKube, FakeSlurm, job_label, make_pod, setup
 
 JSON = dict[str, Any]
-CONFIG = parse_config({"partition": "bridge", "schedulerName": "s1"})
+CONFIG = parse_config({"partition": "bridge", "schedulerName": "s1", "managedNamespaces": ["ns"]})
 
 
 class Owners:

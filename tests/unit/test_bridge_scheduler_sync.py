@@ -21,7 +21,7 @@ from slinky.slurm import errors
 from slinky.slurm.models import Job, Node
 
 JSON = dict[str, Any]
-CONFIG = parse_config({"partition": "bridge", "schedulerName": "s1"})
+CONFIG = parse_config({"partition": "bridge", "schedulerName": "s1", "managedNamespaces": ["ns"]})
 
 
 class FakeSlurm:
@@ -185,6 +185,19 @@ async def test_a_pod_is_bound_to_the_node_slurm_allocated_and_only_then() -> Non
     assert list(slurm.jobs) == [job_id]
     # The binding carried the Slurm node annotation: no request of its own.
     assert pods.get("ns/p")["metadata"]["annotations"][SLURM_NODE] == "n2"  # type: ignore[index]
+
+
+async def test_a_pod_outside_the_managed_namespaces_gets_nothing_submitted() -> None:
+    """Naming the bridge's scheduler does not make a namespace the bridge's."""
+    sync, slurm, _kube, pods = setup()
+    pod = make_pod("p", "u1")
+    pod["metadata"]["namespace"] = "elsewhere"
+    pods.upsert(pod)
+    said: list[str] = []
+    sync.recorder = SimpleNamespace(event=lambda _o, _t, reason, *_a, **_k: said.append(reason))  # type: ignore[assignment]
+    await sync.reconcile("elsewhere/p")
+    assert slurm.jobs == {} and slurm.allocations == 0
+    assert said == ["NamespaceNotManaged"]
 
 
 async def test_a_pod_whose_job_slurm_lost_before_it_was_bound_gets_a_new_one() -> None:

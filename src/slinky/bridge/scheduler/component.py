@@ -25,6 +25,7 @@ class SchedulerComponent(JobComponent):
             workers=ctx.args.scheduler_workers,
             job_recheck=float(ctx.args.job_recheck_interval),
             settled_recheck=float(ctx.args.running_job_recheck_interval),
+            own_namespace=ctx.namespace,
         )
 
     async def startup(self) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 from slinky.bridge.config import BridgeConfig
 from slinky.bridge.connection import SlurmConnection
 from slinky.bridge.jobwatch import JobWatch
+from slinky.bridge.namespaces import ManagedNamespaces
 from slinky.bridge.nodes.controller import BY_SLURM_NAME, index_slurm_name
 from slinky.bridge.scheduler import exclusion
 from slinky.bridge.scheduler.queue import PriorityWorkQueue, pod_rank
@@ -51,6 +52,7 @@ def build(
     workers: int = 4,
     job_recheck: float = 10.0,
     settled_recheck: float = 60.0,
+    own_namespace: str = "",
 ) -> tuple[Controller, SchedulerSync, JobWatch]:
     pods = pods_informer(factory, config)
     nodes = factory.informer(rest.NODES, indexers={BY_SLURM_NAME: index_slurm_name})
@@ -63,6 +65,7 @@ def build(
     watch = JobWatch(
         slurm.client, on_change=on_job, max_interval=job_recheck, settled_interval=settled_recheck
     )
+    namespaces = ManagedNamespaces(kube, factory, config, own_namespace)
     sync = SchedulerSync(
         kube,
         config=config,
@@ -71,6 +74,7 @@ def build(
         slurm=slurm,
         watch=watch,
         recorder=recorder,
+        is_managed=namespaces.managed,
     )
     queue = PriorityWorkQueue(NAME, rank=lambda key: pod_rank(pods.store.get(key)))
     ctrl = Controller(NAME, sync, workers=workers, queue=queue)

@@ -1,5 +1,7 @@
 """One scheduling pass over a pod (key: namespace/name), as named steps:
 
+0.           — a pod in a namespace the bridge does not manage gets PodScheduled=False,
+               `NamespaceNotManaged`, and nothing is submitted;
 1. `submit`  — a pending pod of ours with no job gets one placeholder job (see
                `placeholder`): described, allocated inside the request when a node looks
                free or else submitted to wait for Slurm's pass (see `immediate`), then
@@ -30,6 +32,7 @@ import contextlib
 import datetime as dt
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -130,9 +133,11 @@ class SchedulerSync:
         slurm: SlurmConnection,
         watch: JobWatch,
         recorder: events.EventRecorder,
+        is_managed: Callable[[str], Awaitable[bool]] | None = None,
     ) -> None:
         self.kube = kube
         self.config = config
+        self.is_managed = is_managed or self.listed
         self.pods = pods
         self.nodes = nodes
         self.slurm = slurm
@@ -167,6 +172,10 @@ class SchedulerSync:
         self.unseen: set[str] = set()
 
     # ------------------------------------------------------------ which pods
+
+    async def listed(self, namespace: str) -> bool:
+        """Managed by the config's list alone (no namespace labels at hand)."""
+        return self.config.is_managed_namespace(namespace, None)
 
     def schedulable(self, pod: JSON | None) -> bool:
         """A pod of ours that waits for a node."""
@@ -205,6 +214,10 @@ class SchedulerSync:
             await self.drop_unlabelled(key, pod)
             return DONE
         uid = str(pod["metadata"]["uid"])
+        if podcontrol.job_id_of(pod) is None and uid not in self.submitted:
+            namespace = str(pod["metadata"].get("namespace") or "")
+            if not await self.is_managed(namespace):
+                return await self.not_managed(pod, namespace)
         earlier = self.unlabelled.get(key)
         if earlier is not None and earlier[0] != uid:
             # A pod of the same name created anew: the job of the one before is no one's.
@@ -225,6 +238,21 @@ class SchedulerSync:
             return await self.submit(pod)
         await podcontrol.mark_submitted(self.kube, pod, job_id)
         return await self.place(pod, job_id)
+
+    async def not_managed(self, pod: JSON, namespace: str) -> Result:
+        """A pod that names this scheduler in a namespace the bridge does not manage: it
+        waits, saying why; no Slurm job is made for it (naming the scheduler is not enough:
+        the namespace is the boundary the admin set)."""
+        message = (
+            f"namespace {namespace} is not managed by this slurm-bridge (config "
+            "managedNamespaces / managedNamespaceSelector): no Slurm job is made for the pod"
+        )
+        SLURM_ERRORS.labels("NamespaceNotManaged").inc()
+        if await podcontrol.set_unschedulable(self.kube, pod, "NamespaceNotManaged", message):
+            self.recorder.event(
+                pod, events.WARNING, "NamespaceNotManaged", message, action="Schedule"
+            )
+        return DONE  # a change of the pod brings it back; of the namespace, a restart
 
     async def drop_unlabelled(self, key: str, pod: JSON | None) -> None:
         """The pod left the queue: if it never got the label of the job submitted for it,
