@@ -85,11 +85,12 @@ PLACEHOLDERS_WAIT_S = 120.0
 
 
 async def work_left(soak: Soak) -> list[str]:
-    """Work still under way: jobs not ended, pods not finished (or not yet deleted)."""
+    """Work still under way: jobs not ended (nor held by Slurm), pods not finished (or not
+    yet deleted)."""
     out = [
         f"job {j.job_id} {j.final_state or 'not listed yet'}"
         for j in soak.jobs.values()
-        if not j.placeholder and not j.finished
+        if not j.placeholder and not j.finished and not j.held
     ]
     return out + [
         f"pod {p.name} {p.phase or 'not listed yet'}" for p in soak.pods.values() if not p.settled
@@ -165,16 +166,21 @@ async def soak_run(args: argparse.Namespace, bed: Testbed, echo: Callable[[str],
         asyncio.create_task(soak_metrics.scrape_loop(soak, requests)),
     ]
     streams = [
-        asyncio.create_task(
-            soak_work.batch_stream(soak, args.seed, args.intensity, args.max_job_seconds)
-        ),
-        asyncio.create_task(soak_work.compute_waves(soak, args.seed, args.max_job_seconds)),
-        asyncio.create_task(
-            soak_work.bridge_stream(soak, args.seed, args.intensity, args.max_job_seconds)
-        ),
+        asyncio.create_task(soak.guarded(name, work))
+        for name, work in (
+            (
+                "batch jobs",
+                soak_work.batch_stream(soak, args.seed, args.intensity, args.max_job_seconds),
+            ),
+            ("compute waves", soak_work.compute_waves(soak, args.seed, args.max_job_seconds)),
+            (
+                "bridge pods",
+                soak_work.bridge_stream(soak, args.seed, args.intensity, args.max_job_seconds),
+            ),
+        )
     ]
     try:
-        chaos = asyncio.create_task(soak_chaos.run_plan(soak, planned))
+        chaos = asyncio.create_task(soak.guarded("chaos", soak_chaos.run_plan(soak, planned)))
         await asyncio.sleep(args.duration)
         soak.stopping.set()
         await asyncio.gather(*streams)

@@ -450,6 +450,9 @@ async def run_action(soak: Soak, planned: Planned) -> None:
         record.detail = await chaos.act(soak, random.Random(planned.seed))
     except (ChaosError, *UNREACHABLE) as e:
         record.error = f"{type(e).__name__}: {e}"
+    except Exception as e:  # the soak's own error: logged, counted
+        record.error = f"{type(e).__name__}: {e}"
+        soak.harness_error(f"chaos {chaos.name}", e)
     record.done_at = time.time()
     soak.log(f"chaos {chaos.name}: {record.error or record.detail}")
     first: list[str] = []
@@ -492,26 +495,29 @@ async def supervise(soak: Soak) -> None:
     (operator, bridge) or of the test bed (apiserver, slurmctld, slurmrestd) that exited
     while no action had stopped it is recorded with the last line of its log and started
     again (the operator and the bridge exit 1 by design when they lose their Lease)."""
-    while True:
-        for name in SUPERVISED:
-            if not soak.supervised[name] or alive(soak, name):
-                continue
-            lines = [
-                ln
-                for ln in (soak.bed.logs / f"{name}.log").read_text(errors="replace").splitlines()
-                if ln.strip()
-            ]
-            last = lines[-1] if lines else ""
-            soak.exits.append((time.time(), name, last))
-            soak.log(f"{name} exited on its own (last log line: {last[:300]}); starting it again")
-            soak.supervised[name] = False
-            try:
-                await start(soak, name)
-            except ChaosError as e:
-                soak.log(f"{name} did not start again: {e}")
-            finally:
-                soak.supervised[name] = True
-        await asyncio.sleep(2)
+    await soak.rounds("supervise", lambda: supervise_once(soak), 2)
+
+
+async def supervise_once(soak: Soak) -> None:
+    """One look at every supervised process (see `supervise`)."""
+    for name in SUPERVISED:
+        if not soak.supervised[name] or alive(soak, name):
+            continue
+        lines = [
+            ln
+            for ln in (soak.bed.logs / f"{name}.log").read_text(errors="replace").splitlines()
+            if ln.strip()
+        ]
+        last = lines[-1] if lines else ""
+        soak.exits.append((time.time(), name, last))
+        soak.log(f"{name} exited on its own (last log line: {last[:300]}); starting it again")
+        soak.supervised[name] = False
+        try:
+            await start(soak, name)
+        except ChaosError as e:
+            soak.log(f"{name} did not start again: {e}")
+        finally:
+            soak.supervised[name] = True
 
 
 async def restore(soak: Soak) -> None:

@@ -167,6 +167,7 @@ async def scrape_all(soak: Soak, requests: Requests, *, baseline: bool = False) 
 
 
 async def scrape_loop(soak: Soak, requests: Requests) -> None:
-    while True:
-        await asyncio.sleep(SCRAPE_S)
+    async def one_round() -> None:
         await scrape_all(soak, requests)
+
+    await soak.rounds("scrape", one_round, SCRAPE_S)

@@ -68,6 +68,7 @@ class Report:
     invariant_samples: int = 0
     stuck: list[str] = field(default_factory=list)
     request_storms: list[str] = field(default_factory=list)
+    harness_errors: list[str] = field(default_factory=list)
     log_errors: dict[str, JSON] = field(default_factory=dict)
     requests_per_minute: JSON = field(default_factory=dict)
 
@@ -93,6 +94,9 @@ class Report:
 
 
 def exit_code(report: Report) -> int:
+    """2 when the soak itself failed (its verdicts may miss things), 1 on any failure."""
+    if report.harness_errors:
+        return 2
     return 1 if report.failures else 0
 
 
@@ -150,6 +154,19 @@ def judge_job(soak: Soak, job: TrackedJob, slurm_log: dict[int, list[str]]) -> V
         return Verdict(
             key, KILLED, "Slurm forgot it with no slurmctld crash to explain it", evidence
         )
+    if job.held:
+        reason = job.last.state_reason if job.last else ""
+        ran = (job.running_since or job.submitted_at) - 5
+        kills = [t for t in soak.slurmctld_kills if ran <= t]
+        if kills and "launch failed" in reason:
+            return Verdict(
+                key,
+                SLURM,
+                f"held ({reason}) after slurmctld was killed -9 at {soak.rel(kills[0])}: "
+                "a launch slurmctld had not saved, then a second launch of the same job",
+                evidence,
+            )
+        return Verdict(key, KILLED, f"held by Slurm ({reason}) after a requeue", evidence)
     if job.ended_at is None:
         return Verdict(key, UNFINISHED, f"still {job.final_state} at the end", evidence)
     if job.first_end == "COMPLETED" and job.final_state == "COMPLETED" and not job.restart_cnt:
@@ -345,6 +362,7 @@ def build(
     r.invariant_samples = invariants.samples
     r.stuck += stuck
     r.request_storms = [f"from {soak.rel(t)}: {what}" for t, what in requests.storms()]
+    r.harness_errors = list(soak.harness_errors)
     r.log_errors = {n: log_errors(soak.bed.logs / f"{n}.log") for n in ("operator", "bridge")}
     r.requests_per_minute = {
         "slurmrestd": {
@@ -456,6 +474,12 @@ def render(r: Report) -> str:
     if r.create_refusals:
         lines += ["", "Pod creations refused (each retried)"]
         lines += [f"  {x}" for x in r.create_refusals[:20]]
+    if r.harness_errors:
+        lines += ["", "ERRORS OF THE SOAK ITSELF (the verdicts above may be incomplete)"]
+        lines += [f"  {e}" for e in r.harness_errors]
     failures = r.failures
-    lines += ["", f"RESULT: {'FAIL (' + '; '.join(failures) + ')' if failures else 'PASS'}"]
+    result = f"FAIL ({'; '.join(failures)})" if failures else "PASS"
+    if r.harness_errors:
+        result = f"INCONCLUSIVE ({len(r.harness_errors)} errors of the soak itself); {result}"
+    lines += ["", f"RESULT: {result}"]
     return "\n".join(lines)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,13 @@ class TrackedJob:
     @property
     def final_state(self) -> str:
         return "+".join(self.last.state) if self.last else ""
+
+    @property
+    def held(self) -> bool:
+        """Pending and held by Slurm (e.g. "launch failed requeued held"): it will not run
+        again unless someone releases it."""
+        last = self.last
+        return last is not None and last.is_pending and "held" in last.state_reason.lower()
 
     @property
     def finished(self) -> bool:
@@ -149,6 +157,32 @@ class Soak:
     # Called with a component's name just before the chaos stops it (its counters are read
     # one last time).
     before_stop: Callable[[str], Awaitable[None]] | None = None
+    # The soak's own unexpected errors: the run is inconclusive when there is any.
+    harness_errors: list[str] = field(default_factory=list)
+
+    def harness_error(self, where: str, exc: BaseException) -> None:
+        """Log an unexpected error of the soak itself with its traceback, and count it."""
+        self.harness_errors.append(f"{where}: {type(exc).__name__}: {exc}"[:500])
+        self.log(f"SOAK ERROR in {where}:\n" + "".join(traceback.format_exception(exc)))
+
+    async def rounds(
+        self, where: str, one_round: Callable[[], Awaitable[None]], every: float
+    ) -> None:
+        """Run `one_round` every `every` seconds for ever; an unexpected error is logged and
+        counted, and the next round runs (a loop that died silently would blind the soak)."""
+        while True:
+            try:
+                await one_round()
+            except Exception as e:  # logged and counted
+                self.harness_error(where, e)
+            await asyncio.sleep(every)
+
+    async def guarded(self, where: str, work: Awaitable[None]) -> None:
+        """Await `work`; an unexpected error is logged and counted instead of lost."""
+        try:
+            await work
+        except Exception as e:  # logged and counted
+            self.harness_error(where, e)
 
     def rel(self, t: float) -> str:
         """`t` as +mm:ss from the start."""

@@ -5,7 +5,6 @@ work, tends the bridge pods (soak_work) and feeds the invariants one snapshot.""
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from bench.soak_bed import BRIDGE_NAMESPACE, HPA_NODESET, NAMESPACE
@@ -63,6 +62,7 @@ async def note_hpa_nodeset(soak: Soak) -> None:
 
 
 async def observe_loop(soak: Soak, invariants: InvariantWatch) -> None:
-    while True:
+    async def one_round() -> None:
         await observe_once(soak, invariants)
-        await asyncio.sleep(OBSERVE_S)
+
+    await soak.rounds("observe", one_round, OBSERVE_S)

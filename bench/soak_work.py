@@ -310,7 +310,8 @@ async def tend_bridge_pods(soak: Soak, listing: list[JSON], asked_at: float) -> 
     to be kept, and a gang's PodGroup once its pods are deleted."""
     kwok = set(soak.bed.load().kwok_nodes)
     by_name = {p["metadata"]["name"]: p for p in listing}
-    for bp in soak.pods.values():
+    # A copy: the bridge stream adds pods while this awaits its patches and deletes.
+    for bp in list(soak.pods.values()):
         if not bp.uid or bp.gone_at is not None:
             continue
         pod = by_name.get(bp.name)
