@@ -15,7 +15,7 @@ from slinky.bridge.labels import (
     MANAGED_NODE_TAINT,
     SLURM_NODENAME,
 )
-from slinky.bridge.nodes.registration import registered_for
+from slinky.bridge.nodes.registration import owner_comment, registered_for
 from slinky.kube import rest
 from slinky.slurm.models import Node
 from slinky_testbed.waiting import wait_for
@@ -202,6 +202,31 @@ async def test_a_node_deleted_while_the_bridge_is_down_is_removed_at_start(
     finally:
         await env.bridge.restart()
     await wait_slurm_node(env, name, lambda n: n is None, f"slurm node {name} deleted after start")
+
+
+async def test_a_slurm_node_another_bridge_registered_is_never_removed(bridge: BridgeEnv) -> None:
+    """Two bridges (two Kubernetes clusters) on one Slurm cluster: a Slurm node marked as
+    registered for a Kubernetes node that is not here is removed only when the mark carries
+    this bridge's cluster id; the other bridge's node is left alone."""
+    env = bridge
+    ours = str((await env.kube.get(rest.NAMESPACES, "kube-system"))["metadata"]["uid"])
+    tag = uuid.uuid4().hex[:6]
+    marks = {f"mine-{tag}": ours, f"theirs-{tag}": "another-kubernetes-cluster"}
+    for slurm_name, cluster in marks.items():
+        await env.slurm.create_node(
+            f"NodeName={slurm_name} NodeAddr=127.0.0.1 CPUs=2 RealMemory=1000 State=EXTERNAL"
+        )
+        await env.slurm.update_node(
+            slurm_name, comment=owner_comment(f"gone-{slurm_name}", cluster)
+        )
+    mine, theirs = marks
+    try:
+        await wait_slurm_node(env, mine, lambda n: n is None, f"our {mine} removed", 60)
+        node = await env.slurm_node(theirs)
+        assert node is not None and not node.state.is_drain, "another bridge's node was touched"
+    finally:
+        with contextlib.suppress(Exception):
+            await env.slurm.delete_node(theirs)
 
 
 async def test_a_new_slurm_nodename_replaces_the_registered_slurm_node(bridge: BridgeEnv) -> None:

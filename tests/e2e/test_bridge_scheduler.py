@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import re
 import uuid
@@ -638,28 +639,42 @@ async def test_at_start_the_jobs_of_pods_that_are_gone_are_cancelled_and_no_othe
     bridge: BridgeEnv, managed_node: str, namespace: str
 ) -> None:
     """Pods deleted while no bridge ran leave their jobs behind: the next bridge cancels
-    them at start. A job of another scheduler sharing the cluster is left alone."""
+    them at start. A job of another scheduler sharing the cluster, or of a bridge of another
+    Kubernetes cluster (same scheduler name, another cluster id, its pods not here), is left
+    alone."""
     env = bridge
-    config = parse_config(bridge_config(env.testbed, [env.managed_namespace]))
+    ours = await cluster_id(env)
+    config = parse_config(
+        {**bridge_config(env.testbed, [env.managed_namespace]), "clusterId": ours}
+    )
     # Never runs (more CPUs than a node has): the test holds no node.
     gone_pod = workload_pod(f"gone-{uuid.uuid4().hex[:6]}", ["sleep", "600"],
                             {SLURMJOB_PREFIX + "cpu-per-task": "64"})  # fmt: skip
     gone_pod["metadata"].update(namespace=namespace, uid=str(uuid.uuid4()))
+    others = {
+        "scheduler": dataclasses.replace(config, scheduler_name="another-bridge"),
+        "cluster": dataclasses.replace(config, cluster_id="another-kubernetes-cluster"),
+    }
     assert env.bridge.stop() == 0
+    theirs: dict[str, int] = {}
     try:
         orphan = await env.slurm.submit_job(placeholder.job_description(gone_pod, config))
-        theirs_desc = placeholder.job_description(gone_pod, config)
-        theirs_desc["admin_comment"] = placeholder.admin_comment(
-            [gone_pod], scheduler="another-bridge"
-        )
-        theirs = await env.slurm.submit_job(theirs_desc)
+        for what, other in others.items():
+            theirs[what] = await env.slurm.submit_job(placeholder.job_description(gone_pod, other))
     finally:
         await env.bridge.restart()
     try:
         assert (await job_ended(env, orphan)).state == ["CANCELLED"]
-        assert not (await env.slurm.get_job(theirs)).is_finished
+        for what, job in theirs.items():
+            assert not (await env.slurm.get_job(job)).is_finished, f"another {what}'s job"
     finally:
-        await env.slurm.cancel_job(theirs)
+        for job in theirs.values():
+            await env.slurm.cancel_job(job)
+
+
+async def cluster_id(env: BridgeEnv) -> str:
+    """The session bridge's cluster id: it has no clusterId, so the kube-system UID."""
+    return str((await env.kube.get(rest.NAMESPACES, "kube-system"))["metadata"]["uid"])
 
 
 def identity_of(bridge: BridgeProcess) -> str:

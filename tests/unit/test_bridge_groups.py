@@ -325,7 +325,7 @@ def workload_setup(comment_pods: list[JSON]) -> Any:
         "job_id": job_id,
         "job_state": ["RUNNING"],
         "nodes": "n[1-2]",
-        "admin_comment": placeholder.admin_comment(comment_pods, scheduler="s1"),
+        "admin_comment": placeholder.admin_comment(comment_pods, CONFIG),
     }
     for p in comment_pods:
         # The job-id label and the finalizer come in one patch (podcontrol.mark_submitted).

@@ -195,3 +195,14 @@ def test_tainting_off_removes_the_taint_and_a_new_effect_replaces_it() -> None:
     assert taints.wanted_taints(
         knode(taints_=[TAINT]), managed=True, scheduler_name="sched", policy=soft
     ) == [{**TAINT, "effect": "NoSchedule"}]
+
+
+def test_a_node_registered_by_another_bridge_is_not_ours() -> None:
+    """Two bridges on one Slurm cluster: each drains and deletes only what it marked."""
+    reg = registration.desired(knode(), "p", cluster="east")
+    mine = snode(comment=reg.comment())
+    assert registration.registered_for(mine, "east") == "n1"
+    assert registration.registered_for(mine, "west") is None
+    assert registration.registered_for(mine) == "n1"  # whoever made it
+    legacy = snode(comment=registration.owner_comment("n1"))  # before clusterId existed
+    assert registration.registered_for(legacy, "west") == "n1"

@@ -15,7 +15,9 @@ from slinky.bridge.placeholder import PlaceholderProblem
 from slinky.bridge.scheduler.queue import RankedKeys, pod_rank
 
 JSON = dict[str, Any]
-CONFIG = parse_config({"partition": "bridge", "schedulerName": "s1", "mcsLabel": "k8s"})
+CONFIG = parse_config(
+    {"partition": "bridge", "schedulerName": "s1", "mcsLabel": "k8s", "clusterId": "c1"}
+)
 
 
 def container(name: str = "c", requests: JSON | None = None, limits: JSON | None = None) -> JSON:
@@ -70,11 +72,11 @@ def test_the_job_is_exclusive_unless_the_pod_says_false() -> None:
         job(pod(annotations={"exclusive": "yes"}))
 
 
-def test_admin_comment_names_the_pod_its_uid_and_the_scheduler() -> None:
+def test_admin_comment_names_the_pod_its_uid_the_scheduler_and_the_cluster() -> None:
     comment = job(pod())["admin_comment"]
     assert json.loads(comment)["pods"] == ["ns/p"]  # upstream's shape, kept
     read = placeholder.read_comment(comment)
-    assert read == placeholder.Comment(scheduler="s1", pods={"ns/p": "u-1"})
+    assert read == placeholder.Comment(scheduler="s1", pods={"ns/p": "u-1"}, cluster="c1")
 
 
 @pytest.mark.parametrize("text", ["", "x", "[]", '{"pods": "ns/p"}', "null"])
@@ -244,17 +246,24 @@ def test_pods_are_taken_by_priority_then_age_then_arrival() -> None:
     assert out == ["high-old", "high-new", "low-old", "low-new", "low-new-2"]
 
 
-def test_only_a_comment_naming_the_pod_and_scheduler_makes_a_job_its_placeholder() -> None:
+def test_only_a_comment_naming_the_pod_scheduler_and_cluster_makes_a_job_its_placeholder() -> None:
     comment = job(pod())["admin_comment"]
-    assert placeholder.is_placeholder_of(comment, scheduler="s1", key="ns/p")
-    assert not placeholder.is_placeholder_of(comment, scheduler="s2", key="ns/p")
-    assert not placeholder.is_placeholder_of(comment, scheduler="s1", key="ns/q")
-    assert not placeholder.is_placeholder_of("", scheduler="s1", key="ns/p")
+    other_scheduler = parse_config({"schedulerName": "s2", "clusterId": "c1"})
+    other_cluster = parse_config({"schedulerName": "s1", "clusterId": "c2"})
+    assert placeholder.is_placeholder_of(comment, CONFIG, key="ns/p")
+    assert not placeholder.is_placeholder_of(comment, other_scheduler, key="ns/p")
+    assert not placeholder.is_placeholder_of(comment, other_cluster, key="ns/p")
+    assert not placeholder.is_placeholder_of(comment, CONFIG, key="ns/q")
+    assert not placeholder.is_placeholder_of("", CONFIG, key="ns/p")
+    # Written before clusterId existed: the scheduler name is all there is to go by.
+    legacy = '{"pods":["ns/p"],"uids":["u-1"],"scheduler":"s1"}'
+    assert placeholder.is_placeholder_of(legacy, other_cluster, key="ns/p")
 
 
 def test_a_comment_recorded_for_another_pod_of_the_same_name_is_not_its_placeholder() -> None:
     comment = job(pod())["admin_comment"]  # written for UID u-1
-    assert placeholder.is_placeholder_of(comment, scheduler="s1", key="ns/p", uid="u-1")
-    assert not placeholder.is_placeholder_of(comment, scheduler="s1", key="ns/p", uid="u-2")
+    assert placeholder.is_placeholder_of(comment, CONFIG, key="ns/p", uid="u-1")
+    assert not placeholder.is_placeholder_of(comment, CONFIG, key="ns/p", uid="u-2")
     upstream = '{"pods":["ns/p"]}'  # no UIDs recorded: the name is all there is to go by
-    assert placeholder.is_placeholder_of(upstream, scheduler="", key="ns/p", uid="u-2")
+    read = placeholder.read_comment(upstream)
+    assert read is not None and read.pods == {"ns/p": ""} and read.scheduler == ""

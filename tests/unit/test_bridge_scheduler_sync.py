@@ -311,7 +311,7 @@ async def test_a_pod_deleted_after_an_unanswered_submission_has_its_job_cancelle
 
 
 def test_the_comment_of_a_submitted_job_names_the_pod_uid() -> None:
-    comment = placeholder.admin_comment([make_pod("p", "u1")], scheduler="s1")
+    comment = placeholder.admin_comment([make_pod("p", "u1")], CONFIG)
     assert placeholder.read_comment(comment) == placeholder.Comment("s1", {"ns/p": "u1"})
 
 
@@ -570,7 +570,7 @@ async def test_after_a_takeover_no_allocation_is_asked_before_the_labelled_pods_
     waiting["metadata"]["labels"][SLURM_JOBID] = "100"
     slurm.jobs[100] = {"job_id": 100, "job_state": ["PENDING"], "nodes": "",
                        "partition": "bridge", "admin_comment": placeholder.admin_comment(
-                           [waiting], scheduler="s1")}  # fmt: skip
+                           [waiting], CONFIG)}  # fmt: skip
     pods.upsert(waiting)
     await sync.recover()
     idle(sync, "n1")

@@ -63,7 +63,7 @@ def setup(phase: str = "Running") -> tuple[WorkloadSync, CountingSlurm, Kube, St
         "job_id": 7,
         "job_state": ["RUNNING"],
         "nodes": "n1",
-        "admin_comment": placeholder.admin_comment([pod], scheduler="s1"),
+        "admin_comment": placeholder.admin_comment([pod], CONFIG),
     }
     kube = Kube(pods)
     changed: list[int] = []

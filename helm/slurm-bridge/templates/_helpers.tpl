@@ -51,6 +51,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- with $c.managedNamespaceSelector }}
 {{- $_ := set $cfg "managedNamespaceSelector" . }}
 {{- end }}
+{{- with $c.clusterId }}
+{{- $_ := set $cfg "clusterId" . }}
+{{- end }}
 {{- if $a.jwtKeySecretRef.name }}
 {{- $_ := set $cfg "slurmAuth" (dict "jwtKeyFile" (printf "/var/run/secrets/slurm/%s" $a.jwtKeySecretRef.key) "user" $a.user "tokenLifetime" $a.tokenLifetime) }}
 {{- else if $a.tokenSecretRef.name }}

@@ -16,6 +16,8 @@ managedNodeTaint:
 slurmPollInterval: 2s   # how often Slurm nodes are asked for changes while pods wait
 slurmIdlePollInterval: 15s  # ... and while none waits (update_time deltas: one request)
 immediateAllocation: true  # ask Slurm to allocate at once when a node looks free
+clusterId: prod-eu-1    # who this bridge is, in every job and node it makes (default: the
+                        # Kubernetes cluster's kube-system namespace UID)
 ```
 
 Upstream did no validation at all: a typo silently fell back to a default. Here an unknown
@@ -56,6 +58,7 @@ _LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _URL = re.compile(r"^https?://[^\s/]+(/\S*)?$")
 _SLURM_NAME = re.compile(r"^[^\s,=:#]+$")
+_CLUSTER_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
 
 class ConfigError(ValueError):
@@ -98,6 +101,10 @@ class BridgeConfig:
     slurm_poll_interval: float = 2.0
     slurm_idle_poll_interval: float = 15.0
     immediate_allocation: bool = True
+    # Written into every placeholder job and EXTERNAL node this bridge makes; only what
+    # carries it is ever cancelled, drained or deleted (two bridges may share one Slurm).
+    # Empty in the file: the kube-system namespace's UID, resolved at start.
+    cluster_id: str = ""
 
     def is_managed_namespace(self, name: str, labels: dict[str, str] | None) -> bool:
         """Pods of this namespace are the bridge's: the selector wins over the list."""
@@ -260,6 +267,10 @@ _TOP: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "slurmPollInterval": ("slurm_poll_interval", lambda v, k: _duration(v, k, 0.1)),
     "slurmIdlePollInterval": ("slurm_idle_poll_interval", lambda v, k: _duration(v, k, 0.1)),
     "immediateAllocation": ("immediate_allocation", _bool),
+    "clusterId": (
+        "cluster_id",
+        lambda v, k: _string(v, k, _CLUSTER_ID, "1-64 letters, digits, '.', '_' or '-'"),
+    ),
 }
 
 

@@ -205,7 +205,7 @@ def job_description(pods: list[JSON], group: Group, config: BridgeConfig) -> JSO
     n = len(ordered)
     root_annotations = _meta(group.root).get("annotations") or {}
     job["name"] = str(root_annotations.get(SLURMJOB_PREFIX + "job-name") or group.name)
-    job["admin_comment"] = placeholder.admin_comment(ordered, scheduler=config.scheduler_name)
+    job["admin_comment"] = placeholder.admin_comment(ordered, config)
     job.update(minimum_nodes=n, maximum_nodes=n, tasks=n, tasks_per_node=1)
     job["cpus_per_task"] = max(int(d["cpus_per_task"]) for d in described)
     job["memory_per_node"] = {

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import signal
@@ -22,9 +23,12 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx2
+
 from slinky import __version__
+from slinky.background import Backoff
 from slinky.bridge.admission.component import AdmissionComponent
-from slinky.bridge.config import ConfigError, load_config
+from slinky.bridge.config import BridgeConfig, ConfigError, load_config
 from slinky.bridge.nodes.component import NodeComponent
 from slinky.bridge.runtime import Component, Context
 from slinky.bridge.scheduler.component import SchedulerComponent
@@ -34,6 +38,7 @@ from slinky.kube.leader import LeaderElector, LeadershipLost
 from slinky.kube.serving import ProbeServer
 
 log = logging.getLogger("slurm-bridge")
+CLUSTER_ID_WAIT_S = 60.0
 
 SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -147,13 +152,37 @@ def own_namespace(args: argparse.Namespace) -> str:
     return "default"
 
 
+async def cluster_id(kube: rest.Kube, config: BridgeConfig) -> str:
+    """The config's clusterId, else the UID of this Kubernetes cluster's kube-system
+    namespace (stable for the cluster's life, different in every cluster), asked with
+    backoff for up to a minute while the apiserver does not answer."""
+    if config.cluster_id:
+        return config.cluster_id
+    backoff = Backoff(1.0, 10.0)
+    deadline = asyncio.get_running_loop().time() + CLUSTER_ID_WAIT_S
+    while True:
+        try:
+            ns = await kube.get(rest.NAMESPACES, "kube-system")
+            return str(ns["metadata"]["uid"])
+        except (rest.ApiError, OSError, httpx2.HTTPError) as e:
+            if asyncio.get_running_loop().time() > deadline:
+                raise ValueError(
+                    f"cannot read namespace kube-system for the cluster id ({e}); set "
+                    "clusterId in the config, or grant get on namespaces"
+                ) from None
+            delay = backoff.next()
+            log.warning(
+                "cluster id: cannot read namespace kube-system (%s); retry in %.0fs", e, delay
+            )
+            await asyncio.sleep(delay)
+
+
 class Bridge:
     """The process: the chosen components, probes and metrics, one Lease per component."""
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace, kube: rest.Kube, config: BridgeConfig) -> None:
         self.args = args
-        config = load_config(args.config)
-        self.kube = rest.Kube.from_kubeconfig(args.kubeconfig)
+        self.kube = kube
         self.ctx = Context(
             kube=self.kube,
             config=config,
@@ -166,6 +195,18 @@ class Bridge:
         self.server.add_health_check("ping", lambda: True)
         for component in self.components:
             component.add_checks(self.server)
+
+    @classmethod
+    async def create(cls, args: argparse.Namespace) -> Bridge:
+        """The process, with its config and its cluster id known (see `cluster_id`)."""
+        config = load_config(args.config)
+        kube = rest.Kube.from_kubeconfig(args.kubeconfig)
+        try:
+            config = dataclasses.replace(config, cluster_id=await cluster_id(kube, config))
+            return cls(args, kube, config)
+        except BaseException:
+            await kube.close()
+            raise
 
     async def _run_component(self, component: Component, stop: asyncio.Event) -> None:
         if not (component.leader_elected and self.args.leader_elect):
@@ -211,11 +252,12 @@ class Bridge:
             probe_addr=self.args.health_probe_bind_address,
         )
         log.info(
-            "slurm-bridge %s starting as %s: components %s, scheduler name %s",
+            "slurm-bridge %s starting as %s: components %s, scheduler name %s, cluster id %s",
             __version__,
             self.ctx.identity,
             ", ".join(self.args.components),
             self.ctx.config.scheduler_name,
+            self.ctx.config.cluster_id,
         )
         code = 0
         work = asyncio.create_task(self._run_all(stop), name="bridge")
@@ -249,7 +291,7 @@ async def amain(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     try:
-        bridge = Bridge(args)
+        bridge = await Bridge.create(args)
     except ConfigError as e:
         log.error("invalid config %s: %s", args.config, e)
         return 2

@@ -156,16 +156,17 @@ def job_name(pod: JSON) -> str:
 # ---------------------------------------------------------------- the job
 
 
-def admin_comment(pods: list[JSON], *, scheduler: str) -> str:
+def admin_comment(pods: list[JSON], config: BridgeConfig) -> str:
     """What a placeholder job's admin_comment holds: the pods it stands for (upstream's
     `{"pods": ["ns/name"]}`), their UIDs, so a pod recreated under the same name is never
-    taken for the old one, and the scheduler name, so two bridges sharing a Slurm cluster
-    never take each other's jobs for their own."""
+    taken for the old one, and who made it: the scheduler name and the bridge's cluster id,
+    so two bridges sharing a Slurm cluster never take each other's jobs for their own."""
     return json.dumps(
         {
             "pods": [pod_key(p) for p in pods],
             "uids": [str((p.get("metadata") or {}).get("uid") or "") for p in pods],
-            "scheduler": scheduler,
+            "scheduler": config.scheduler_name,
+            "cluster": config.cluster_id,
         },
         separators=(",", ":"),
     )
@@ -177,6 +178,11 @@ class Comment:
 
     scheduler: str
     pods: dict[str, str]  # pod key -> UID ("" when the writer recorded none)
+    cluster: str = ""  # "" when written by a bridge that recorded none (before clusterId)
+
+    def made_by(self, config: BridgeConfig) -> bool:
+        """Whether this bridge (its scheduler name and cluster id) made the job."""
+        return self.scheduler == config.scheduler_name and self.cluster in ("", config.cluster_id)
 
 
 def read_comment(text: str) -> Comment | None:
@@ -192,15 +198,16 @@ def read_comment(text: str) -> Comment | None:
     return Comment(
         scheduler=str(data.get("scheduler") or ""),
         pods={k: str(uids[i]) if i < len(uids) else "" for i, k in enumerate(keys)},
+        cluster=str(data.get("cluster") or ""),
     )
 
 
-def is_placeholder_of(comment_text: str, *, scheduler: str, key: str, uid: str = "") -> bool:
-    """Whether a job's admin_comment says it is `scheduler`'s placeholder for pod `key`
+def is_placeholder_of(comment_text: str, config: BridgeConfig, *, key: str, uid: str = "") -> bool:
+    """Whether a job's admin_comment says it is this bridge's placeholder for pod `key`
     (and, when `uid` is given and the comment recorded one, for that very pod, not an
     earlier pod of the same name)."""
     comment = read_comment(comment_text)
-    if comment is None or comment.scheduler != scheduler or key not in comment.pods:
+    if comment is None or not comment.made_by(config) or key not in comment.pods:
         return False
     recorded = comment.pods[key]
     return not uid or not recorded or recorded == uid
@@ -214,7 +221,7 @@ def job_description(pod: JSON, config: BridgeConfig) -> JSON:
         "flags": ["EXTERNAL_JOB"],
         # Never requeued by Slurm: the pod it stands for has started (see workload.sync).
         "requeue": False,
-        "admin_comment": admin_comment([pod], scheduler=config.scheduler_name),
+        "admin_comment": admin_comment([pod], config),
         "current_working_directory": "/tmp",
         "partition": _annotation(pod, "partition") or config.partition,
         "minimum_nodes": 1,

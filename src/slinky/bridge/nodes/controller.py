@@ -73,8 +73,8 @@ def build(
     def on_slurm(event: SlurmEvent) -> None:
         if event.kind != "node":
             return
-        old_owner = registration.registered_for(event.old)
-        new_owner = registration.registered_for(event.new)
+        old_owner = registration.registered_for(event.old, config.cluster_id)
+        new_owner = registration.registered_for(event.new, config.cluster_id)
         if old_owner is not None:
             ctrl.enqueue(old_owner)
             if old_owner != new_owner and registered.get(old_owner) == event.name:

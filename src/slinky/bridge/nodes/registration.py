@@ -111,6 +111,7 @@ class Registration:
     cpus: int
     real_memory: int
     features: tuple[str, ...]
+    cluster: str = ""  # the bridge's cluster id, written into the mark
 
     def node_conf(self) -> str:
         """The slurm.conf NodeName line for `POST /new/node/`."""
@@ -126,7 +127,7 @@ class Registration:
         return " ".join(parts)
 
     def comment(self) -> str:
-        return owner_comment(self.kube_node)
+        return owner_comment(self.kube_node, self.cluster)
 
     def needs_new_node(self, current: Node) -> bool:
         """CPUs, memory and address are fixed when a Slurm node is created, and slurmctld
@@ -150,7 +151,7 @@ class Registration:
         )
 
 
-def desired(node: JSON, default_partition: str) -> Registration:
+def desired(node: JSON, default_partition: str, cluster: str = "") -> Registration:
     """The registration of a labelled node; RegistrationProblem when it cannot have one."""
     cpus, memory = capacity(node)
     return Registration(
@@ -160,21 +161,27 @@ def desired(node: JSON, default_partition: str) -> Registration:
         cpus=cpus,
         real_memory=memory,
         features=partitions(node, default_partition),
+        cluster=cluster,
     )
 
 
-def owner_comment(kube_node: str) -> str:
-    """The Slurm node comment that marks a node as registered by the bridge for `kube_node`."""
-    return json.dumps({"registeredBy": REGISTERED_BY, "node": kube_node}, separators=(",", ":"))
+def owner_comment(kube_node: str, cluster: str = "") -> str:
+    """The Slurm node comment that marks a node as registered by the bridge of `cluster` for
+    `kube_node`."""
+    mark = {"registeredBy": REGISTERED_BY, "node": kube_node, "cluster": cluster}
+    return json.dumps(mark, separators=(",", ":"))
 
 
-def registered_for(node: Node | None) -> str | None:
-    """The Kubernetes node a Slurm node was registered for by the bridge, else None."""
+def registered_for(node: Node | None, cluster: str | None = None) -> str | None:
+    """The Kubernetes node a Slurm node was registered for by the bridge (by the bridge of
+    `cluster`, when given: another bridge's node is not ours to drain or delete), else None."""
     if node is None or not node.comment.startswith("{"):
         return None
     with contextlib.suppress(ValueError):
         data = json.loads(node.comment)
         if isinstance(data, dict) and data.get("registeredBy") == REGISTERED_BY:
+            if cluster is not None and str(data.get("cluster") or "") not in ("", cluster):
+                return None
             name = data.get("node")
             return str(name) if name else None
     return None

@@ -109,7 +109,9 @@ async def register(conn: SlurmConnection, reg: Registration) -> None:
         # A create that reached slurmctld but whose answer was lost looks like this too:
         # if the node is there now and is what we asked for, the create did its job.
         node = await live(conn, reg.name)
-        if node is None or not (registered_for(node) == reg.kube_node or reg.adoptable(node)):
+        if node is None or not (
+            registered_for(node, reg.cluster) == reg.kube_node or reg.adoptable(node)
+        ):
             raise create_error from None
     await mark(conn, reg)
 

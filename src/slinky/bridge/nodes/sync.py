@@ -136,7 +136,7 @@ class NodeSync:
         name = str(node["metadata"]["name"])
         slurm_name = registration.slurm_name(node)
         current = slurmcontrol.cached(self.slurm, slurm_name)
-        ours = registration.registered_for(current) == name
+        ours = registration.registered_for(current, self.config.cluster_id) == name
         if not registration.wants_external(node):
             if ours:
                 return await self.deregister(
@@ -146,7 +146,7 @@ class NodeSync:
                 )
             return None
         try:
-            want = registration.desired(node, self.config.partition)
+            want = registration.desired(node, self.config.partition, self.config.cluster_id)
         except RegistrationProblem as p:
             if current is not None and not ours:
                 return None  # someone else's Slurm node: nothing for the bridge to register

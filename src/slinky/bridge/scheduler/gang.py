@@ -214,7 +214,7 @@ class GangScheduler:
         uid = str(pod["metadata"]["uid"])
         if (
             comment is None
-            or comment.scheduler != sync.config.scheduler_name
+            or not comment.made_by(sync.config)
             or comment.pods.get(key) not in (uid, "")
         ):
             await podcontrol.set_unschedulable(

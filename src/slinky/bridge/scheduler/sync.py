@@ -312,7 +312,7 @@ class SchedulerSync:
             comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
             if job.is_finished or comment is None:
                 continue
-            if comment.scheduler != self.config.scheduler_name:
+            if not comment.made_by(self.config):
                 continue
             for key, uid in comment.pods.items():
                 if uid in uids:
@@ -531,7 +531,7 @@ class SchedulerSync:
             return DONE  # the workload controller ends the pod with its job
         if not placeholder.is_placeholder_of(
             str(job.raw.get("admin_comment") or ""),
-            scheduler=self.config.scheduler_name,
+            self.config,
             key=key,
             uid=str(pod["metadata"]["uid"]),
         ):
@@ -688,7 +688,7 @@ class SchedulerSync:
             return
         if job.is_finished or not placeholder.is_placeholder_of(
             str(job.raw.get("admin_comment") or ""),
-            scheduler=self.config.scheduler_name,
+            self.config,
             key=placeholder.pod_key(pod),
             uid=str(pod["metadata"]["uid"]),
         ):
@@ -702,7 +702,7 @@ class SchedulerSync:
             await nudge(
                 self.slurm.client,
                 job_id,
-                placeholder.admin_comment([pod], scheduler=self.config.scheduler_name),
+                placeholder.admin_comment([pod], self.config),
             )
 
     async def live_jobs_naming(self, uid: str) -> list[int]:
@@ -713,6 +713,6 @@ class SchedulerSync:
             comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
             if job.is_finished or comment is None:
                 continue
-            if comment.scheduler == self.config.scheduler_name and uid in comment.pods.values():
+            if comment.made_by(self.config) and uid in comment.pods.values():
                 out.append(job.job_id)
         return sorted(out)

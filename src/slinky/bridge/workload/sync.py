@@ -149,7 +149,7 @@ class WorkloadSync:
         never gets a job cancelled or a pod deleted."""
         return job is not None and placeholder.is_placeholder_of(
             str(job.raw.get("admin_comment") or ""),
-            scheduler=self.config.scheduler_name,
+            self.config,
             key=key,
             uid=uid,
         )
@@ -277,7 +277,7 @@ class WorkloadSync:
         if job is None or job.is_finished:
             return DONE
         comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
-        if comment is None or comment.scheduler != self.config.scheduler_name:
+        if comment is None or not comment.made_by(self.config):
             return DONE
         for key, uid in comment.pods.items():
             pod = await self.live_pod(key, uid)
@@ -307,7 +307,7 @@ class WorkloadSync:
             comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
             if job.is_finished or comment is None:
                 continue
-            if comment.scheduler != self.config.scheduler_name:
+            if not comment.made_by(self.config):
                 continue
             if [key for key, uid in comment.pods.items() if await self.exists(key, uid)]:
                 continue
