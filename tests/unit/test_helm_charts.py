@@ -693,3 +693,45 @@ def test_clusters_and_nodesets_the_chart_renders_fit_the_crds(tmp_path: Path) ->
         assert (
             _schema_problems(obj["spec"], schemas[obj["kind"]]["properties"]["spec"], "spec") == []
         )
+
+
+# ---------------------------------------------------------------- busy pod protection
+
+
+def _busy_pod_policy_of_config(name: str, username: str) -> dict[str, JSON]:
+    """config/policy/'s objects by kind, with the chart's name and operator username put in."""
+    docs = yaml.safe_load_all((REPO / "config/policy/busy_pod_deletion.yaml").read_text())
+    text = yaml.safe_dump(list(docs))
+    text = text.replace("system:serviceaccount:slinky-system:slurm-operator", username)
+    text = text.replace("slurm-operator-busy-pods", name)
+    return {d["kind"]: d for d in yaml.safe_load(text)}
+
+
+@pytest.mark.parametrize(
+    ("sets", "username"),
+    [
+        ([], "system:serviceaccount:ops:so-slurm-operator"),
+        (
+            ["operator.serviceAccount.create=false", "operator.serviceAccount.name=site-op"],
+            "system:serviceaccount:ops:site-op",
+        ),
+    ],
+)
+def test_operator_chart_installs_the_busy_pod_policy_of_config_sparing_its_own_account(
+    sets: list[str], username: str
+) -> None:
+    objs = render("slurm-operator", *sets, namespace="ops", release="so")
+    want = _busy_pod_policy_of_config("so-slurm-operator-busy-pods", username)
+    policy = one(objs, "ValidatingAdmissionPolicy", "so-slurm-operator-busy-pods")
+    binding = one(objs, "ValidatingAdmissionPolicyBinding", "so-slurm-operator-busy-pods")
+    assert policy["spec"] == want["ValidatingAdmissionPolicy"]["spec"]
+    assert binding["spec"] == want["ValidatingAdmissionPolicyBinding"]["spec"]
+    # The operator is known by its ServiceAccount, the one its Deployment runs as.
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    assert username.endswith(f":{pod['serviceAccountName']}")
+
+
+def test_operator_chart_without_busy_pod_protection_installs_no_policy() -> None:
+    objs = render("slurm-operator", "busyPodProtection.enabled=false", namespace="ops")
+    assert not kinds(objs, "ValidatingAdmissionPolicy")
+    assert not kinds(objs, "ValidatingAdmissionPolicyBinding")
