@@ -55,9 +55,9 @@ class SlurmConnection:
     informer: SlurmInformer
     users: int = 0
 
-    @classmethod
-    def from_config(cls, config: BridgeConfig, *, needed_by: str) -> SlurmConnection:
-        """The connection a component needs; ConfigError naming the key when the config lacks it."""
+    @staticmethod
+    def check(config: BridgeConfig, *, needed_by: str) -> None:
+        """ConfigError naming the key when the config lacks what a Slurm connection needs."""
         if not config.slurm_rest_api:
             raise ConfigError("slurmRestApi", f"required by the {needed_by}")
         if config.slurm_auth is None:
@@ -66,6 +66,12 @@ class SlurmConnection:
                 f"required by the {needed_by}: set slurmAuth.tokenFile or slurmAuth.jwtKeyFile "
                 f"(or the SLURM_JWT environment variable)",
             )
+
+    @classmethod
+    def from_config(cls, config: BridgeConfig, *, needed_by: str) -> SlurmConnection:
+        """The connection a component needs; ConfigError naming the key when the config lacks it."""
+        cls.check(config, needed_by=needed_by)
+        assert config.slurm_rest_api and config.slurm_auth is not None
         client = SlurmClient(config.slurm_rest_api, token_provider(config.slurm_auth))
         informer = SlurmInformer(
             client,

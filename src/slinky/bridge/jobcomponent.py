@@ -25,11 +25,12 @@ class JobComponent:
 
     name = ""
     leader_elected = True
+    needs_slurm = ""  # who needs it, for the error naming a missing Slurm setting
     controller: Controller
     watch: JobWatch
 
-    def __init__(self, ctx: Context, needed_by: str) -> None:
-        self.slurm = ctx.slurm(needed_by)
+    def __init__(self, ctx: Context) -> None:
+        self.slurm = ctx.slurm(self.needs_slurm)
         self.factory = InformerFactory(ctx.kube)
         self.recorder = events.EventRecorder(
             ctx.kube, controller=EVENT_CONTROLLER, instance=ctx.identity

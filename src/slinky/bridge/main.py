@@ -29,6 +29,7 @@ from slinky import __version__
 from slinky.background import Backoff
 from slinky.bridge.admission.component import AdmissionComponent
 from slinky.bridge.config import BridgeConfig, ConfigError, load_config
+from slinky.bridge.connection import SlurmConnection
 from slinky.bridge.nodes.component import NodeComponent
 from slinky.bridge.runtime import Component, Context
 from slinky.bridge.scheduler.component import SchedulerComponent
@@ -200,6 +201,10 @@ class Bridge:
     async def create(cls, args: argparse.Namespace) -> Bridge:
         """The process, with its config and its cluster id known (see `cluster_id`)."""
         config = load_config(args.config)
+        # A missing Slurm setting is refused before anything waits on the apiserver.
+        for name in args.components:
+            if needed_by := getattr(COMPONENTS[name], "needs_slurm", ""):
+                SlurmConnection.check(config, needed_by=needed_by)
         kube = rest.Kube.from_kubeconfig(args.kubeconfig)
         try:
             config = dataclasses.replace(config, cluster_id=await cluster_id(kube, config))

@@ -19,9 +19,10 @@ class NodeComponent:
 
     name = "nodes"
     leader_elected = True
+    needs_slurm = "node controller"
 
     def __init__(self, ctx: Context) -> None:
-        self.slurm = ctx.slurm("node controller")
+        self.slurm = ctx.slurm(self.needs_slurm)
         self.factory = InformerFactory(ctx.kube)
         self.recorder = events.EventRecorder(
             ctx.kube, controller=EVENT_CONTROLLER, instance=ctx.identity

@@ -13,9 +13,10 @@ log = logging.getLogger(__name__)
 
 class SchedulerComponent(JobComponent):
     name = "scheduler"
+    needs_slurm = "scheduler"
 
     def __init__(self, ctx: Context) -> None:
-        super().__init__(ctx, needed_by="scheduler")
+        super().__init__(ctx)
         self.controller, self.sync, self.watch = controller.build(
             ctx.kube,
             self.factory,

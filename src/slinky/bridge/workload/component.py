@@ -13,9 +13,10 @@ log = logging.getLogger(__name__)
 
 class WorkloadComponent(JobComponent):
     name = "workload"
+    needs_slurm = "workload controller"
 
     def __init__(self, ctx: Context) -> None:
-        super().__init__(ctx, needed_by="workload controller")
+        super().__init__(ctx)
         self.controller, self.sync, self.watch = controller.build(
             ctx.kube,
             self.factory,
