@@ -2,7 +2,8 @@
 `helm install` of the CRDs, the operator, a Slurm cluster and the bridge from helm/, with the
 images `make images` built. A job runs on NodeSet pods, a pod of a managed namespace is
 scheduled by Slurm, `helm upgrade` rolls the slurmd pods around a running job without
-re-keying anything, and `helm uninstall` drains before it deletes and leaves nothing behind.
+re-keying anything, `kubectl delete pod` of a busy slurmd pod is refused, and `helm uninstall`
+drains before it deletes and leaves nothing behind.
 
 The session's operator process is stopped meanwhile (it watches every namespace), as in
 test_operator_in_pod. The chart's external metrics API stays off: the session's operator
@@ -26,6 +27,7 @@ import pytest
 import yaml
 
 from slinky.kube import rest
+from slinky.operator.nodeset.builder import LABEL_PROTECT
 from slinky.operator.resources import CLUSTERS, NODESETS
 from slinky_testbed import nodes, paths
 from slinky_testbed.bed import Testbed
@@ -46,6 +48,20 @@ ROLES = rest.Resource("rbac.authorization.k8s.io", "v1", "roles", "Role")
 ROLE_BINDINGS = rest.Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
 CLUSTER_ROLES = rest.Resource(
     "rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False
+)
+ADMISSION_POLICIES = rest.Resource(
+    "admissionregistration.k8s.io",
+    "v1",
+    "validatingadmissionpolicies",
+    "ValidatingAdmissionPolicy",
+    namespaced=False,
+)
+ADMISSION_POLICY_BINDINGS = rest.Resource(
+    "admissionregistration.k8s.io",
+    "v1",
+    "validatingadmissionpolicybindings",
+    "ValidatingAdmissionPolicyBinding",
+    namespaced=False,
 )
 SLURM_NODENAME = "slinky.slurm.net/slurm-nodename"
 NODE_CONFIG = "CPUs=2 RealMemory=1000"
@@ -507,7 +523,7 @@ async def test_helm_installs_operator_slurm_and_bridge_that_run_jobs_upgrade_and
     old = await i.pods(i.slurm_ns, f"nodeset.slinky.slurm.net/name={i.nodeset('batch')}")
     ctld_before = (await i.pods(i.slurm_ns, "app.kubernetes.io/component=controller"))[0]
     job = await submit(i, "batch", 30)
-    await running(i, job)
+    busy_pod = (await running(i, job))["NodeList"]
     start = time.monotonic()
     await i.helm(
         "upgrade",
@@ -524,6 +540,20 @@ async def test_helm_installs_operator_slurm_and_bridge_that_run_jobs_upgrade_and
     i.timings["helm upgrade slurm"] = time.monotonic() - start
     # The old pod is drained, not killed: it goes only after the job ended.
     assert await job_state(i, job) == "RUNNING"
+
+    # Meanwhile the operator chart's policy refuses `kubectl delete pod` of it (the operator
+    # labels it busy as it polls Slurm for the update); the operator's own deletion, once the
+    # job ended, passes.
+    async def labelled_busy() -> bool:
+        pod = await kube.get(rest.PODS, busy_pod, i.slurm_ns)
+        return (pod["metadata"].get("labels") or {}).get(LABEL_PROTECT) == "true"
+
+    await wait_for(labelled_busy, timeout=75, interval=0.5, what=f"{busy_pod} labelled busy")
+    refused = i.testbed.kubectl(["delete", "pod", busy_pod, "-n", i.slurm_ns], timeout=60)
+    policy = f"{i.operator_release}-slurm-operator-busy-pods"
+    assert refused.returncode != 0, refused.stdout
+    assert f"ValidatingAdmissionPolicy '{policy}'" in refused.stderr, refused.stderr
+    assert f"Slurm node {busy_pod} runs jobs" in refused.stderr, refused.stderr
     await completed(i, job)
 
     async def rolled() -> list[JSON] | None:
@@ -586,6 +616,7 @@ async def test_helm_installs_operator_slurm_and_bridge_that_run_jobs_upgrade_and
 
     await i.helm("uninstall", i.operator_release, "-n", i.operator_ns, "--wait")
     await nothing_left(i, i.operator_ns, i.operator_release)
-    roles = (await kube.list(CLUSTER_ROLES))["items"]
     mine = (i.operator_release, i.bridge_release)
-    assert not [r["metadata"]["name"] for r in roles if r["metadata"]["name"].startswith(mine)]
+    for res in (CLUSTER_ROLES, ADMISSION_POLICIES, ADMISSION_POLICY_BINDINGS):
+        names = [o["metadata"]["name"] for o in (await kube.list(res))["items"]]
+        assert not [n for n in names if n.startswith(mine)], f"{res.kind} left: {names}"
