@@ -237,6 +237,10 @@ class BridgeEnv:
     testbed: Testbed
     bridge: BridgeProcess
     managed_namespace: str
+    # Managed too, but no webhook covers it: its pods name the scheduler and tolerate the
+    # managed nodes themselves (and can be created while the bridge, webhook included, is
+    # stopped or killed).
+    direct_namespace: str
     ca_dir: Path
     cert_dir: Path
     work: Path
@@ -389,14 +393,16 @@ async def bridge_env(
     kube: rest.Kube, testbed: Testbed, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[BridgeEnv]:
     """The bridge under test (all components in one process), started once per session, its
-    webhook registered for a managed namespace of its own."""
+    webhook registered for the first of its two managed namespaces."""
     work = tmp_path_factory.mktemp("bridge")
-    managed = f"bridge-managed-{uuid.uuid4().hex[:6]}"
-    await kube.create(rest.NAMESPACES, {"metadata": {"name": managed}})
+    digest = uuid.uuid4().hex[:6]
+    managed, direct = f"bridge-managed-{digest}", f"bridge-direct-{digest}"
+    for ns in (managed, direct):
+        await kube.create(rest.NAMESPACES, {"metadata": {"name": ns}})
     ca_dir, cert_dir = work / "ca", work / "certs"
     make_ca(ca_dir)
     issue_serving_cert(ca_dir, cert_dir)
-    config = bridge_config(testbed, [managed])
+    config = bridge_config(testbed, [managed, direct])
     config_path = work / "config.yaml"
     config_path.write_text(yaml.safe_dump(config))
     kubeconfig = await bridge_kubeconfig(kube, testbed, work / "kubeconfig")
@@ -406,7 +412,7 @@ async def bridge_env(
     await register_webhooks(
         kube,
         manifests.webhook_configurations(
-            parse_config(config),
+            parse_config(bridge_config(testbed, [managed])),
             own_namespace=BRIDGE_NS,
             name=name,
             url=f"https://127.0.0.1:{bridge.webhook_port}",
@@ -416,14 +422,15 @@ async def bridge_env(
     slurm = SlurmClient(
         testbed.slurm_rest_url, MintedToken(testbed.jwt_key_path.read_bytes(), user="root")
     )
-    env = BridgeEnv(kube, slurm, testbed, bridge, managed, ca_dir, cert_dir, work)
+    env = BridgeEnv(kube, slurm, testbed, bridge, managed, direct, ca_dir, cert_dir, work)
     try:
         yield env
     finally:
         await unregister_webhooks(kube, name)
         await slurm.close()
-        with contextlib.suppress(rest.ApiError):
-            await kube.delete(rest.NAMESPACES, managed)
+        for ns in (managed, direct):
+            with contextlib.suppress(rest.ApiError):
+                await kube.delete(rest.NAMESPACES, ns)
         if not bridge.lost_leadership():
             code = bridge.stop()
             assert code == 0, (

@@ -18,7 +18,7 @@ import httpx2
 import pytest
 
 from slinky.bridge import placeholder
-from slinky.bridge.config import parse_config
+from slinky.bridge.config import BridgeConfig, parse_config
 from slinky.bridge.labels import (
     EXTERNAL_NODE,
     FINALIZER,
@@ -277,6 +277,21 @@ async def test_an_admin_can_not_requeue_a_placeholder_job_and_a_suspend_evicts_i
     notes = await pod_events(env, name, ns, "SlurmJobEnded")
     assert any("SUSPENDED" in n and "no longer holds" in n for n in notes), notes
     assert (await job_ended(env, job)).state == ["CANCELLED"]
+    # The suspend left the EXTERNAL node NOT_RESPONDING (no slurmd answered it), which only a
+    # new node clears: the bridge makes it anew, and the node takes jobs again.
+    await wait_slurm_node(
+        env,
+        managed_node,
+        lambda n: n is not None and not n.state.has("NOT_RESPONDING") and n.state.is_idle,
+        f"{managed_node} IDLE and responding again after the suspend",
+        timeout=60,
+    )
+    after = f"after-{uuid.uuid4().hex[:6]}"
+    await env.kube.create(rest.PODS, workload_pod(after, ["sh", "-c", "exit 0"]), ns)
+    done = await pod_where(
+        env, after, ns, lambda p: p["status"].get("phase") == "Succeeded", "Succeeded", timeout=90
+    )
+    assert done["spec"]["nodeName"] == managed_node
 
 
 async def test_a_pod_outside_the_managed_namespaces_naming_the_scheduler_gets_nothing(
@@ -352,20 +367,17 @@ async def test_a_rejected_submission_is_explained_on_the_pod(
 
 
 async def test_a_restart_after_submit_makes_no_second_job(
-    bridge: BridgeEnv, managed_node: str, namespace: str
+    bridge: BridgeEnv, managed_node: str
 ) -> None:
     """The scheduler stopped right after Slurm took the job, before it labelled the pod:
     started again, it finds the job by its admin_comment and binds the pod through it."""
-    env = bridge
+    env, namespace = bridge, bridge.direct_namespace
     name = f"restart-{uuid.uuid4().hex[:6]}"
-    pod = workload_pod(name, ["sleep", "600"])
-    # An unmanaged namespace (no webhook): the pod names the scheduler itself.
-    pod["spec"]["schedulerName"] = SCHEDULER
-    pod["spec"]["tolerations"] = [parse_config({}).toleration()]
+    pod = direct_pod(workload_pod(name, ["sleep", "600"]))
+    config = await session_config(env)
     assert env.bridge.stop() == 0
     try:
         created = await env.kube.create(rest.PODS, pod, namespace)
-        config = parse_config(bridge_config(env.testbed, [env.managed_namespace]))
         first = await env.slurm.submit_job(placeholder.job_description(created, config))
     finally:
         await env.bridge.restart()
@@ -599,19 +611,17 @@ async def test_pods_created_at_once_each_get_an_exclusive_node_or_wait(
 
 
 async def test_a_restart_between_label_and_bind_binds_through_the_labelled_job(
-    bridge: BridgeEnv, managed_node: str, namespace: str
+    bridge: BridgeEnv, managed_node: str
 ) -> None:
     """The scheduler stopped after it labelled the pod with its job, before it bound it:
     started again, it binds the pod where Slurm put that job, and makes no other job."""
-    env = bridge
+    env, namespace = bridge, bridge.direct_namespace
     name = f"labelled-{uuid.uuid4().hex[:6]}"
-    pod = workload_pod(name, ["sleep", "600"])
-    pod["spec"]["schedulerName"] = SCHEDULER  # an unmanaged namespace: no webhook
-    pod["spec"]["tolerations"] = [parse_config({}).toleration()]
+    pod = direct_pod(workload_pod(name, ["sleep", "600"]))
+    config = await session_config(env)
     assert env.bridge.stop() == 0
     try:
         created = await env.kube.create(rest.PODS, pod, namespace)
-        config = parse_config(bridge_config(env.testbed, [env.managed_namespace]))
         first = await env.slurm.submit_job(placeholder.job_description(created, config))
         await env.kube.patch(
             rest.PODS,
@@ -643,10 +653,7 @@ async def test_at_start_the_jobs_of_pods_that_are_gone_are_cancelled_and_no_othe
     Kubernetes cluster (same scheduler name, another cluster id, its pods not here), is left
     alone."""
     env = bridge
-    ours = await cluster_id(env)
-    config = parse_config(
-        {**bridge_config(env.testbed, [env.managed_namespace]), "clusterId": ours}
-    )
+    config = await session_config(env)
     # Never runs (more CPUs than a node has): the test holds no node.
     gone_pod = workload_pod(f"gone-{uuid.uuid4().hex[:6]}", ["sleep", "600"],
                             {SLURMJOB_PREFIX + "cpu-per-task": "64"})  # fmt: skip
@@ -672,9 +679,20 @@ async def test_at_start_the_jobs_of_pods_that_are_gone_are_cancelled_and_no_othe
             await env.slurm.cancel_job(job)
 
 
-async def cluster_id(env: BridgeEnv) -> str:
-    """The session bridge's cluster id: it has no clusterId, so the kube-system UID."""
-    return str((await env.kube.get(rest.NAMESPACES, "kube-system"))["metadata"]["uid"])
+async def session_config(env: BridgeEnv) -> BridgeConfig:
+    """The session bridge's config as it runs: it has no clusterId, so its cluster id is the
+    kube-system namespace's UID (a placeholder job made by a test must carry it, or the
+    bridge leaves the job alone as another cluster's)."""
+    ours = str((await env.kube.get(rest.NAMESPACES, "kube-system"))["metadata"]["uid"])
+    return parse_config({**bridge_config(env.testbed, [env.managed_namespace]), "clusterId": ours})
+
+
+def direct_pod(pod: JSON) -> JSON:
+    """A pod for the namespace no webhook covers: it names the scheduler and tolerates the
+    managed nodes itself."""
+    pod["spec"]["schedulerName"] = SCHEDULER
+    pod["spec"]["tolerations"] = [parse_config({}).toleration()]
+    return pod
 
 
 def identity_of(bridge: BridgeProcess) -> str:
@@ -693,14 +711,14 @@ REPLICA_BURST = 16
 
 
 async def test_two_scheduler_replicas_never_both_submit_and_a_killed_leader_leaves_no_duplicate(
-    bridge: BridgeEnv, both_nodes: list[str], namespace: str
+    bridge: BridgeEnv, both_nodes: list[str]
 ) -> None:
     """Two bridge processes, one Lease per component: only the leader submits. The leader is
     killed (SIGKILL: no Lease released, no request finished) in the middle of a burst; the
     other replica takes over once the Lease expires, recovers what was submitted from the
     pods' labels and the jobs' admin_comment, and every pod ends up with exactly one job
     and runs; once the pods are gone no job of theirs is left."""
-    env = bridge
+    env, namespace = bridge, bridge.direct_namespace
     second = start_bridge(
         env.work / "kubeconfig",
         env.work / "config.yaml",
@@ -717,12 +735,9 @@ async def test_two_scheduler_replicas_never_both_submit_and_a_killed_leader_leav
         names = [f"{burst}-{i}" for i in range(REPLICA_BURST)]
 
         async def create(name: str) -> None:
-            pod = workload_pod(name, ["sh", "-c", "exit 0"])
+            # No webhook there (it dies with a killed replica).
+            pod = direct_pod(workload_pod(name, ["sh", "-c", "exit 0"]))
             pod["metadata"]["labels"] = {"e2e-burst": burst}
-            # An unmanaged namespace (no webhook, which dies with a killed replica): the
-            # pod names the scheduler and tolerates the managed nodes itself.
-            pod["spec"]["schedulerName"] = SCHEDULER
-            pod["spec"]["tolerations"] = [parse_config({}).toleration()]
             await env.kube.create(rest.PODS, pod, namespace)
 
         await asyncio.gather(*(create(n) for n in names))

@@ -10,7 +10,7 @@ import pytest
 
 from slinky.bridge.config import NodeTaint
 from slinky.bridge.labels import EXTERNAL_NODE, EXTERNAL_NODE_PARTITIONS, SLURM_NODENAME
-from slinky.bridge.nodes import registration, taints
+from slinky.bridge.nodes import registration, slurmcontrol, taints
 from slinky.bridge.nodes.registration import RegistrationProblem
 from slinky.kube.quantity import parse_quantity
 from slinky.kube.selectors import SelectorError, parse_label_selector
@@ -206,3 +206,20 @@ def test_a_node_registered_by_another_bridge_is_not_ours() -> None:
     assert registration.registered_for(mine) == "n1"  # whoever made it
     legacy = snode(comment=registration.owner_comment("n1"))  # before clusterId existed
     assert registration.registered_for(legacy, "west") == "n1"
+
+
+@pytest.mark.parametrize(
+    ("states", "stuck"),
+    [
+        (["IDLE", "EXTERNAL", "NOT_RESPONDING"], True),  # a suspend's RPC went unanswered
+        (["IDLE", "EXTERNAL"], False),
+        (["MIXED", "EXTERNAL", "NOT_RESPONDING"], False),  # a job holds it: wait
+        (["IDLE", "EXTERNAL", "NOT_RESPONDING", "COMPLETING"], False),
+        (["IDLE", "EXTERNAL", "NOT_RESPONDING", "DRAIN"], False),  # keep whoever's drain
+    ],
+)
+def test_only_an_idle_undrained_unresponsive_node_is_made_anew(
+    states: list[str], stuck: bool
+) -> None:
+    node = Node.parse({"name": "n1", "state": states})
+    assert slurmcontrol.stuck_unresponsive(node) is stuck

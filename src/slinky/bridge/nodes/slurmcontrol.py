@@ -122,6 +122,34 @@ async def mark(conn: SlurmConnection, reg: Registration) -> None:
     conn.informer.poke()
 
 
+def stuck_unresponsive(node: Node) -> bool:
+    """An EXTERNAL node Slurm marked NOT_RESPONDING, idle and not drained. Slurm sets the flag
+    when an RPC it sends to the node goes unanswered (there is no slurmd: `scontrol suspend`
+    of a placeholder job is one), never pings an EXTERNAL node, and keeps the flag through
+    RESUME, IDLE and UNDRAIN: no job is placed there again until the node is made anew.
+    A drained node is left as it is (its drain, an admin's or a cordon's, would be lost)."""
+    state = node.state
+    return state.has("NOT_RESPONDING") and not state.is_busy and not state.is_drain
+
+
+async def remake(conn: SlurmConnection, reg: Registration) -> bool:
+    """Delete a `stuck_unresponsive` node of ours and register it again, decided on the live
+    node (fail closed: a job that landed meanwhile makes slurmctld refuse the delete). True
+    when it was made anew."""
+    node = await live(conn, reg.name)
+    if node is None or not stuck_unresponsive(node):
+        return False
+    try:
+        await conn.client.delete_node(reg.name)
+    except errors.SlurmNodeBusy:
+        return False
+    except errors.SlurmNotFound:
+        pass
+    await register(conn, reg)
+    conn.informer.poke(full=True)
+    return True
+
+
 async def missing_partitions(conn: SlurmConnection, names: tuple[str, ...]) -> list[str]:
     """The partitions among `names` that slurmctld does not have."""
     missing = []

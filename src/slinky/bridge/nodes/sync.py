@@ -7,6 +7,7 @@
                         CPUs, RealMemory, partitions as features, each partition checked
                         first); a change is applied by draining, deleting once idle and
                         registering again; label removed: drain, then delete once idle;
+                        an idle node Slurm left NOT_RESPONDING is made anew (`remake`);
 3. `sync_taint`       — the managed-node taint on exactly the nodes Slurm knows;
 4. `sync_cordon`      — a cordoned node drains its Slurm node (reason `slurm-bridge: ...`);
                         uncordoning undrains only drains the bridge made.
@@ -172,6 +173,15 @@ class NodeSync:
             if want.needs_new_node(fresh):
                 return await self.reregister(node, want, fresh)
             self.slurm.informer.poke()  # already done; the cache has not caught up yet
+        elif slurmcontrol.stuck_unresponsive(current) and await slurmcontrol.remake(
+            self.slurm, want
+        ):
+            message = (
+                f"Slurm node {want.name} was NOT_RESPONDING (Slurm sent it an RPC no slurmd "
+                "answers, e.g. a job suspend) and took no jobs: registered it anew"
+            )
+            log.info("slurm node %s: %s", want.name, message)
+            self.recorder.event(node, events.NORMAL, "Reregistered", message)
         return None
 
     async def partitions_missing(self, node: JSON, want: Registration) -> bool:
