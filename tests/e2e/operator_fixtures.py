@@ -233,6 +233,9 @@ def start_operator(kubeconfig: Path, log_path: Path, *extra: str) -> OperatorPro
         "--leader-election-renew-deadline=3s",
         "--leader-election-retry-period=1s",
         "--cluster-ping-interval=5s",
+        # Tests wait for what the operator sees of Slurm (a job starting, an admin's drain);
+        # the default 60 s between idle polls would make each such wait a minute long.
+        "--slurm-idle-poll-interval=5s",
         "--log-level=debug",
         *extra,
     ]

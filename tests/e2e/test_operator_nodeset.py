@@ -100,8 +100,8 @@ async def test_scale_in_drains_idle_first_and_waits_for_the_running_job(env: Env
             "nodeset.slinky.slurm.net/pod-protect"
         ) == "true"
 
-    # A job starting is seen at the next idle poll (--slurm-idle-poll-interval, 60 s).
-    await wait_for(protected, timeout=75, what="busy pod labelled pod-protect")
+    # A job starting is seen at the next idle poll (--slurm-idle-poll-interval, 5 s here).
+    await wait_for(protected, timeout=30, what="busy pod labelled pod-protect")
 
     await env.scale("shrink", 1)
 
@@ -348,8 +348,8 @@ async def test_cordons_drain_and_uncordon_undrains_but_admin_drain_survives(env:
         drain = conds.get("SlurmNodeStateDrain") or {}
         return drain.get("status") == "True" and drain.get("message") == "admin: broken DIMM"
 
-    # An admin's change is seen at the next idle poll (--slurm-idle-poll-interval, 60 s).
-    await wait_for(mirrored, timeout=75, what="operator saw the admin drain (pod condition)")
+    # An admin's change is seen at the next idle poll (--slurm-idle-poll-interval, 5 s here).
+    await wait_for(mirrored, timeout=30, what="operator saw the admin drain (pod condition)")
     # Cordon and uncordon the pod: the operator reconciles it twice more.
     await env.kube.patch(
         rest.PODS, c, {"metadata": {"annotations": {ANNOTATION_CORDON: "true"}}}, env.namespace
