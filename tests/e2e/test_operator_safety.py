@@ -413,12 +413,13 @@ async def test_a_rolling_update_counts_a_down_slurm_node_as_unavailable(env: Env
         )
 
     await wait_for(down_seen, timeout=60, what="pod mirrors DOWN")
-    await env.kube.patch(
+    patched = await env.kube.patch(
         NODESETS,
         "avail",
         {"spec": {"template": {"metadata": {"annotations": {"e2e/version": "2"}}}}},
         env.namespace,
     )
+    generation = patched["metadata"]["generation"]
     violations: list[str] = []
 
     async def converged() -> bool:
@@ -435,7 +436,11 @@ async def test_a_rolling_update_counts_a_down_slurm_node_as_unavailable(env: Env
             if not (replaced and node is not None and node.state.is_idle):
                 violations.append("avail-1 taken while avail-0 was still unavailable")
         st = (await env.nodeset("avail")).get("status") or {}
-        return st.get("updatedReplicas") == 2 and st.get("readyReplicas") == 2
+        return (
+            st.get("observedGeneration") == generation  # not the status from before the change
+            and st.get("updatedReplicas") == 2
+            and st.get("readyReplicas") == 2
+        )
 
     await wait_for(converged, timeout=150, interval=0.2, what="both pods updated")
     assert not violations, violations[0]

@@ -32,11 +32,14 @@ NS, KEY = "ns", "ns/roll"
 
 
 def old_pod(name: str, ready_for_s: float) -> JSON:
-    """A pod of the old revision, Ready for `ready_for_s` seconds."""
+    """A pod of the old revision, created a second before it became Ready `ready_for_s`
+    seconds ago."""
     since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=ready_for_s)
+    created = since - dt.timedelta(seconds=1)
     return {
         "metadata": {
             "name": name,
+            "creationTimestamp": created.strftime("%Y-%m-%dT%H:%M:%SZ"),
             "namespace": NS,
             "uid": f"uid-{name}",
             "labels": {LABEL_REVISION: "old"},
@@ -56,9 +59,13 @@ def old_pod(name: str, ready_for_s: float) -> JSON:
     }
 
 
-def node(name: str, *states: str) -> JSON:
+def node(name: str, *states: str, slurmd_started_s_ago: float | None = None) -> JSON:
     ident = {"namespace": NS, "podName": name, "nodeSet": "roll", "node": "k1"}
-    return {"name": name, "state": list(states), "comment": json.dumps(ident)}
+    raw: JSON = {"name": name, "state": list(states), "comment": json.dumps(ident)}
+    if slurmd_started_s_ago is not None:
+        started = int(time.time() - slurmd_started_s_ago)
+        raw["slurmd_start_time"] = {"set": True, "infinite": False, "number": started}
+    return raw
 
 
 class Kube:
@@ -178,3 +185,22 @@ async def test_a_pod_held_back_while_settling_is_decided_again_when_its_window_e
     requeue = await bed.rolling_update([old_pod("roll-0", ready_for_s=20)], cached=[])
     assert bed.kube.deleted == [] and bed.kube.condemned == []
     assert requeue and REGISTRATION_WINDOW_S - 22 <= min(requeue) <= REGISTRATION_WINDOW_S - 19
+
+
+async def test_a_down_node_its_own_slurmd_registered_is_replaced_at_once_an_old_record_waits() -> (
+    None
+):
+    """A pod Ready for 5 s whose Slurm node is DOWN: when the view shows the node as this
+    pod's slurmd registered it (slurmd started after the pod was created), the DOWN is a fact
+    and the pod goes for free at once; a DOWN record whose slurmd started before the pod
+    existed is an earlier pod's, and the pod waits for its window."""
+    fresh = node("roll-0", "DOWN", slurmd_started_s_ago=5)
+    bed = Bed({"roll-0": fresh})
+    await bed.rolling_update([old_pod("roll-0", ready_for_s=5)], cached=[fresh])
+    assert bed.kube.deleted == ["roll-0"] or bed.kube.condemned == ["roll-0"]
+
+    stale = node("roll-0", "DOWN", slurmd_started_s_ago=600)
+    bed = Bed({"roll-0": stale})
+    requeue = await bed.rolling_update([old_pod("roll-0", ready_for_s=5)], cached=[stale])
+    assert bed.kube.deleted == [] and bed.kube.condemned == []
+    assert requeue and min(requeue) <= REGISTRATION_WINDOW_S - 4

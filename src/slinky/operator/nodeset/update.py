@@ -6,7 +6,8 @@ time are more than `maxUnavailable` pods unavailable, old and new counted togeth
 available when it has been Ready for `minReadySeconds`, is not condemned, and its Slurm node
 is present and neither DOWN nor NOT_RESPONDING. An old pod that is unavailable already is
 replaced without taking one of the `maxUnavailable`, unless its Slurm node runs jobs or it
-became Ready less than `REGISTRATION_WINDOW_S` ago (`choose`). No update starts while the
+became Ready less than `REGISTRATION_WINDOW_S` ago and the view does not show its node as its
+own slurmd registered it (`choose`). No update starts while the
 Slurm view is not synced or while a scale-in is under way.
 """
 
@@ -22,6 +23,7 @@ from slinky.api.v1alpha1.nodeset import RollingUpdate
 from slinky.operator.nodeset import pods, scalein, slurmcontrol
 from slinky.operator.nodeset.mirror import REGISTRATION_WINDOW_S
 from slinky.operator.nodeset.view import Context, View
+from slinky.slurm.models import Node, number
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +68,8 @@ def choose(
     node runs jobs however Kubernetes sees it (a readiness probe that timed out on a busy
     machine, a node briefly NOT_RESPONDING: draining it still takes a node from Slurm's
     users). Any other unavailable pod is counted as unavailable already, so replacing it
-    costs nothing; but not while it is `settling`: that one is held back."""
+    costs nothing; but not while it is `settling`, unless the view shows its node as its own
+    slurmd registered it (`own_registration`): that one is held back."""
     chosen: list[JSON] = []
     held: list[JSON] = []
     for c in ordered:
@@ -75,11 +78,26 @@ def choose(
             if allowed <= 0:
                 continue  # an unavailable idle pod later in the order may still go
             allowed -= 1
-        elif settling(c.pod, now) > 0:
+        elif settling(c.pod, now) > 0 and not own_registration(c.node, c.pod):
             held.append(c.pod)
             continue
         chosen.append(c.pod)
     return chosen, held
+
+
+def own_registration(node: Node | None, pod: JSON) -> bool:
+    """Whether the view shows the Slurm node as this pod's own slurmd registered it: a
+    slurmd started no earlier than the pod was created. Its state (DOWN, say) is then a fact
+    about this pod, not a view from before the registration or the record an earlier pod
+    of the same name left behind, and needs no settling. Clocks that disagree make this
+    false, which only means waiting for the window."""
+    if node is None:
+        return False
+    started = number(node.raw.get("slurmd_start_time"))
+    created = (pod.get("metadata") or {}).get("creationTimestamp")
+    if not started or not created:
+        return False
+    return started >= int(pods.parse_time(str(created)).timestamp())
 
 
 def settling(pod: JSON, now: dt.datetime) -> float:
