@@ -89,7 +89,7 @@ async def work_left(soak: Soak) -> list[str]:
     yet deleted)."""
     out = [
         f"job {j.job_id} {j.final_state or 'not listed yet'}"
-        for j in soak.jobs.values()
+        for j in soak.all_jobs()
         if not j.placeholder and not j.finished and not j.held
     ]
     return out + [
@@ -101,7 +101,7 @@ async def placeholders_left(soak: Soak) -> list[str]:
     """Placeholder jobs still live (once the pods are done, the bridge cancels them all)."""
     return [
         f"placeholder job {j.job_id} {j.final_state}"
-        for j in soak.jobs.values()
+        for j in soak.all_jobs()
         if j.placeholder and not j.finished
     ]
 

@@ -26,7 +26,7 @@ from typing import Any
 from bench import soak_bed, soak_health
 from bench.soak_bed import NAMESPACE, NODESETS, SCALED_NODESET
 from bench.soak_health import UNREACHABLE
-from bench.soak_state import ActionRecord, Soak
+from bench.soak_state import SUPERVISED, ActionRecord, Soak
 from slinky.kube import rest
 from slinky.operator.resources import NODESETS as NODESET_RESOURCE
 from slinky_testbed import procs
@@ -36,7 +36,6 @@ MEAN_GAP_S = 25.0  # between planned actions at intensity 1
 MIN_GAP_S = 4.0
 RECOVERY_POLL_S = 2.0
 ROLL_ANNOTATION = "soak.slinky.slurm.net/roll"
-SUPERVISED = ("apiserver", "slurmctld", "slurmrestd", "operator", "bridge")
 
 Act = Callable[[Soak, random.Random], Awaitable[str]]
 Check = Callable[[Soak, float], Awaitable[list[str]]]

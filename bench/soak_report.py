@@ -294,7 +294,7 @@ def build(
     events: dict[str, list[str]],
 ) -> Report:
     r = Report(seed, duration_s, intensity, str(soak.bed.dir), ran_s=ran_s, settle_s=settle_s)
-    batch = [j for j in soak.jobs.values() if not j.placeholder]
+    batch = [j for j in soak.all_jobs() if not j.placeholder]
     judged = [
         j
         for j in batch
@@ -325,7 +325,7 @@ def build(
     }
     r.pod_verdicts = [v for v in pod_verdicts if v.verdict != POD_OK]
     r.create_refusals = [f"{p.name}: {x}" for p in pods for x in p.create_refusals]
-    placeholders = [j for j in soak.jobs.values() if j.placeholder]
+    placeholders = [j for j in soak.all_jobs() if j.placeholder]
     r.placeholder_jobs = {"seen": len(placeholders), **Counter(j.final_state for j in placeholders)}
     for chaos in CHAOS:
         runs = [a for a in soak.actions if a.name == chaos.name]

@@ -24,6 +24,11 @@ from slinky_testbed.bed import Testbed
 JSON = dict[str, Any]
 
 
+# The processes the soak restarts when they exit on their own, as a Deployment or systemd
+# would (see soak_chaos.supervise).
+SUPERVISED = ("apiserver", "slurmctld", "slurmrestd", "operator", "bridge")
+
+
 @dataclass
 class TrackedJob:
     """One Slurm job of ours: a batch job the soak submitted through slurmrestd (or that
@@ -130,7 +135,11 @@ class Soak:
     echo: Callable[[str], None]
     started_at: float = field(default_factory=time.time)
     events: list[Event] = field(default_factory=list)
+    # By job id: the job that holds the id now. Slurm gives the id of a job it lost (a
+    # kill -9 of slurmctld before it saved the job) to the next job; the lost one moves to
+    # `retired`, and `all_jobs` has both.
     jobs: dict[int, TrackedJob] = field(default_factory=dict)
+    retired: list[TrackedJob] = field(default_factory=list)
     job_names: dict[str, int] = field(default_factory=dict)
     submit_failures: list[tuple[float, str, str]] = field(default_factory=list)
     pods: dict[str, BridgePod] = field(default_factory=dict)
@@ -141,9 +150,9 @@ class Soak:
     slurmd_kills: list[tuple[float, str]] = field(default_factory=list)  # (time, Slurm node)
     # A process of ours that exited without the soak killing it: (time, name, last log line).
     exits: list[tuple[float, str, str]] = field(default_factory=list)
-    # Whether the operator and the bridge are meant to run (False while an action restarts
-    # one: the supervisor leaves it alone).
-    supervised: dict[str, bool] = field(default_factory=lambda: {"operator": True, "bridge": True})
+    # Whether each supervised process is meant to run (False while an action restarts one:
+    # the supervisor leaves it alone).
+    supervised: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(SUPERVISED, True))
     # One test bed mutation at a time: state.json is read, changed and written back.
     bed_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # Times at which the HPA-driven NodeSet was seen at 0 replicas and back above it.
@@ -159,6 +168,23 @@ class Soak:
     before_stop: Callable[[str], Awaitable[None]] | None = None
     # The soak's own unexpected errors: the run is inconclusive when there is any.
     harness_errors: list[str] = field(default_factory=list)
+
+    def all_jobs(self) -> list[TrackedJob]:
+        return [*self.retired, *self.jobs.values()]
+
+    def track(self, tracked: TrackedJob, at: float) -> None:
+        """Hold `tracked` under its job id; a different job that held the id is retired (it
+        is gone from Slurm: its id was given again)."""
+        earlier = self.jobs.get(tracked.job_id)
+        if earlier is not None and earlier is not tracked:
+            if earlier.ended_at is None and earlier.vanished_at is None:
+                earlier.vanished_at = at
+                earlier.states.append((at, "GONE (its job id was given to another job)"))
+            self.retired.append(earlier)
+            self.log(
+                f"job id {tracked.job_id} given again by Slurm: {earlier.name} -> {tracked.name}"
+            )
+        self.jobs[tracked.job_id] = tracked
 
     def harness_error(self, where: str, exc: BaseException) -> None:
         """Log an unexpected error of the soak itself with its traceback, and count it."""

@@ -80,7 +80,7 @@ async def submit(soak: Soak, name: str, partition: str, nodes_: int, seconds: in
     except UNREACHABLE as e:
         soak.submit_failures.append((time.time(), name, f"{type(e).__name__}: {e}"[:300]))
         return
-    soak.jobs[job_id] = TrackedJob(job_id, name, partition, nodes_, seconds, time.time())
+    soak.track(TrackedJob(job_id, name, partition, nodes_, seconds, time.time()), time.time())
     soak.job_names[name] = job_id
 
 
@@ -139,6 +139,8 @@ def track_jobs(soak: Soak, jobs: list[Job], asked_at: float) -> None:
     listed: set[int] = set()
     for job in jobs:
         tracked = soak.jobs.get(job.job_id)
+        if tracked is not None and not same_job(tracked, job):
+            tracked = None  # Slurm lost our job and gave its id to this one (see adopt)
         if tracked is None:
             tracked = adopt(soak, job, asked_at)
             if tracked is None:
@@ -156,16 +158,30 @@ def track_jobs(soak: Soak, jobs: list[Job], asked_at: float) -> None:
             tracked.states.append((asked_at, "GONE (Slurm no longer lists it)"))
 
 
+def identity(job: Job) -> tuple[bool, str]:
+    """(placeholder?, name) as the soak tracks a job: a placeholder job by its pods."""
+    comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
+    if comment is not None and comment.scheduler == dev_bridge.SCHEDULER_NAME:
+        return True, ",".join(comment.pods)
+    return False, job.name
+
+
+def same_job(tracked: TrackedJob, job: Job) -> bool:
+    """Whether the listed job is the one tracked under its id, not another that Slurm gave
+    the id of a job it lost."""
+    return identity(job) == (tracked.placeholder, tracked.name)
+
+
 def adopt(soak: Soak, job: Job, at: float) -> TrackedJob | None:
     """A job of ours not yet tracked: a placeholder job of the bridge, or a batch job whose
     submission Slurm took though its answer never came back."""
-    comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
-    if comment is not None and comment.scheduler == dev_bridge.SCHEDULER_NAME:
+    is_placeholder, name = identity(job)
+    if is_placeholder:
         tracked = TrackedJob(
             job.job_id,
-            ",".join(comment.pods),
+            name,
             job.partition,
-            len(comment.pods),
+            name.count(",") + 1,
             0,
             float(job.raw.get("submit_time", {}).get("number") or at),
             placeholder=True,
@@ -176,7 +192,7 @@ def adopt(soak: Soak, job: Job, at: float) -> TrackedJob | None:
         soak.log(f"job {job.job_id} ({job.name}) found in Slurm though its submission failed")
     else:
         return None
-    soak.jobs[job.job_id] = tracked
+    soak.track(tracked, at)
     return tracked
 
 
