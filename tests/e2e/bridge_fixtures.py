@@ -151,6 +151,19 @@ async def bridge_kubeconfig(kube: rest.Kube, testbed: Testbed, path: Path) -> Pa
     return path
 
 
+# What the e2e tests' pods may ask of Slurm in the managed namespaces: jobs run as nobody
+# (the default's first user), or as www-data (uid 33, in the test bed's Slurm root) when a pod
+# asks with the user-id annotation; the partition that does not exist is allowed so that
+# Slurm's own refusal of it is seen.
+E2E_RULE: JSON = {
+    "users": ["65534", "33"],
+    "groups": ["65534", "33"],
+    "accounts": ["physics"],
+    "partitions": ["no-such-part"],
+    "allowPriority": True,
+}
+
+
 def bridge_config(testbed: Testbed, managed: list[str], **overrides: Any) -> JSON:
     config: JSON = {
         "schedulerName": SCHEDULER,
@@ -159,6 +172,7 @@ def bridge_config(testbed: Testbed, managed: list[str], **overrides: Any) -> JSO
         "partition": PARTITION,
         "slurmAuth": {"jwtKeyFile": str(testbed.jwt_key_path), "user": "root"},
         "slurmPollInterval": "500ms",
+        "policy": {"namespaces": dict.fromkeys(managed, E2E_RULE)},
     }
     config.update(overrides)
     return config

@@ -261,3 +261,19 @@ async def test_a_renewed_serving_certificate_is_used_without_restart(bridge: Bri
     await wait_for(served_new, timeout=30, what="the webhook serving the renewed certificate")
     created = await dry_run_create(bridge.kube, bridge.managed_namespace, pod_manifest())
     assert created["spec"]["schedulerName"] == SCHEDULER
+
+
+async def test_a_pod_asking_for_an_account_or_qos_its_rule_does_not_allow_is_refused(
+    bridge: BridgeEnv,
+) -> None:
+    ns = bridge.managed_namespace
+    for short, value, key in (
+        ("account", "finance", "accounts"),
+        ("qos", "high", "qos"),
+        ("user-id", "0", "users"),
+    ):
+        pod = pod_manifest()
+        pod["metadata"]["annotations"] = {SLURMJOB_PREFIX + short: value}
+        text = await denied(dry_run_create(bridge.kube, ns, pod))
+        assert f"{SLURMJOB_PREFIX}{short}: {value!r} is not allowed" in text, text
+        assert f"config policy.namespaces.{ns}.{key}" in text, text

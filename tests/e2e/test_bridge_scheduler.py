@@ -782,3 +782,86 @@ async def test_two_scheduler_replicas_never_both_submit_and_a_killed_leader_leav
             assert second.stop() == 0, second.log_tail()
         if env.bridge is killed or env.bridge.proc.poll() is not None:
             await env.bridge.restart()
+
+
+# ------------------------------------------------------------ who the jobs run as
+
+
+def scontrol_job(env: BridgeEnv, job: int) -> dict[str, str]:
+    out = env.testbed.slurm(["scontrol", "-o", "show", "job", str(job)], capture=True)
+    assert out.returncode == 0, out.stderr
+    return dict(re.findall(r"(\w+)=(\S*)", out.stdout))
+
+
+async def test_jobs_run_as_the_policys_user_on_both_allocation_paths(
+    bridge: BridgeEnv, managed_node: str
+) -> None:
+    """The bridge talks to Slurm as root, yet no job of a pod runs as root: a pod that asks
+    nothing runs as the rule's first user, nobody, allocated inside the request as that
+    user; a pod that picks www-data (uid 33, listed in its rule) is submitted with it."""
+    env, ns = bridge, bridge.managed_namespace
+
+    def made(how: str) -> float:
+        return env.bridge.metric_sum("slurm_bridge_placeholder_jobs_total", f'how="{how}"')
+
+    seen = []
+    for asked, how, user, group in (
+        ({}, "allocated", "nobody(65534)", "nogroup(65534)"),
+        ({SLURMJOB_PREFIX + "user-id": "33"}, "submitted", "www-data(33)", "nogroup(65534)"),
+    ):
+        before = made(how)
+        name = f"who-{uuid.uuid4().hex[:6]}"
+        await env.kube.create(rest.PODS, workload_pod(name, ["sleep", "600"], asked), ns)
+        running = await pod_where(
+            env, name, ns, lambda p: p["status"].get("phase") == "Running", "Running", timeout=90
+        )
+        fields = scontrol_job(env, job_id(running))
+        seen.append((fields["UserId"], fields["GroupId"]))
+        assert (fields["UserId"], fields["GroupId"]) == (user, group), fields
+        assert made(how) == before + 1, f"not {how}"
+        await env.kube.delete(rest.PODS, name, ns)
+        await pod_gone(env, name, ns)
+    assert all("root" not in f"{u}{g}" for u, g in seen)
+
+
+async def test_a_forged_job_id_label_neither_pins_nor_steals_a_job(
+    bridge: BridgeEnv, managed_node: str, namespace: str
+) -> None:
+    """A pod elsewhere (no webhook judges it: another scheduler's, in a namespace the bridge
+    does not manage) that carries a bridge pod's job id in its label does not keep that
+    job from being cancelled when the real pod goes, and is not deleted when it ends."""
+    env, ns = bridge, bridge.managed_namespace
+    real = f"real-{uuid.uuid4().hex[:6]}"
+    await env.kube.create(rest.PODS, workload_pod(real, ["sleep", "600"]), ns)
+    running = await pod_where(
+        env, real, ns, lambda p: p["status"].get("phase") == "Running", "Running", timeout=90
+    )
+    stolen = job_id(running)
+    forgers = []
+    for scheduler in ("no-such-scheduler", SCHEDULER):
+        forger = f"forged-{uuid.uuid4().hex[:6]}"
+        pod = workload_pod(forger, ["sleep", "600"])
+        pod["metadata"]["finalizers"] = [FINALIZER]
+        pod["spec"]["schedulerName"] = scheduler  # stays Pending: not a managed namespace
+        await env.kube.create(rest.PODS, pod, namespace)
+        # The label is added after the create (the webhook refuses it on one), as a user
+        # with pod update rights may while the pod is not bound.
+        await env.kube.patch(
+            rest.PODS, forger, {"metadata": {"labels": {SLURM_JOBID: str(stolen)}}}, namespace
+        )
+        forgers.append(forger)
+    try:
+        await env.kube.delete(rest.PODS, real, ns)
+        await pod_gone(env, real, ns)
+        assert (await job_ended(env, stolen)).state == ["CANCELLED"]
+        for forger in forgers:
+            left = await get_pod(env, forger, namespace)
+            assert left is not None and not left["metadata"].get("deletionTimestamp"), (
+                f"the job's end took {forger}"
+            )
+            assert not left["spec"].get("nodeName")
+    finally:
+        for forger in forgers:
+            await env.kube.patch(rest.PODS, forger, {"metadata": {"finalizers": None}}, namespace)
+            with contextlib.suppress(rest.ApiError):
+                await env.kube.delete(rest.PODS, forger, namespace)

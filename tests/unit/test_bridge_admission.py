@@ -273,3 +273,48 @@ def test_checked_in_registrations_are_what_the_code_renders() -> None:
         "python -m slinky.bridge.admission.manifests --output config/webhook/bridge_webhooks.yaml"
     )
     assert len(list(yaml.safe_load_all(path.read_text()))) == 2
+
+
+# ---------------------------------------------------------------- the tenancy policy
+
+POLICY = parse_config(
+    {
+        "policy": {
+            "namespaces": {
+                "team-a": {"users": ["alice"], "groups": ["alice"], "accounts": ["physics"]}
+            }
+        }
+    }
+).policy
+
+
+def policy_request(operation: str, new: JSON, old: JSON | None = None) -> validate.Request:
+    return validate.Request(
+        operation,
+        new,
+        old,
+        rule=POLICY.rule_for("team-a"),
+        partition="slurm-bridge",
+        who="pods of namespace team-a (ServiceAccount default)",
+    )
+
+
+def test_a_pod_asking_for_another_account_or_user_is_refused_naming_the_rule() -> None:
+    asked = pod(annotations={SLURMJOB_PREFIX + "account": "finance"})
+    (message,) = validate.violations(policy_request("CREATE", asked))
+    assert "'finance' is not allowed for pods of namespace team-a" in message
+    assert "allowed: physics; config policy.namespaces.team-a.accounts" in message
+    root = pod(annotations={SLURMJOB_PREFIX + "user-id": "0"})
+    (message,) = validate.violations(policy_request("CREATE", root))
+    assert "policy.namespaces.team-a.users" in message
+    fine = pod(annotations={SLURMJOB_PREFIX + "account": "physics"})
+    assert validate.violations(policy_request("CREATE", fine)) == []
+
+
+def test_an_update_is_judged_only_when_it_changes_what_the_policy_decides() -> None:
+    """A pod admitted before the policy changed is not wedged by it."""
+    before = pod(annotations={SLURMJOB_PREFIX + "account": "finance"})
+    relabelled = pod(labels={"x": "y"}, annotations={SLURMJOB_PREFIX + "account": "finance"})
+    assert validate.violations(policy_request("UPDATE", relabelled, before)) == []
+    changed = pod(annotations={SLURMJOB_PREFIX + "qos": "high"})
+    assert validate.violations(policy_request("UPDATE", changed, pod())) != []

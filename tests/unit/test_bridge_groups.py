@@ -20,7 +20,14 @@ from slinky.kube.store import Store
 from tests.unit.test_bridge_scheduler_sync import FakeKube, FakeSlurm, job_label, make_pod, setup
 
 JSON = dict[str, Any]
-CONFIG = parse_config({"partition": "bridge", "schedulerName": "s1", "managedNamespaces": ["ns"]})
+CONFIG = parse_config(
+    {
+        "partition": "bridge",
+        "schedulerName": "s1",
+        "managedNamespaces": ["ns"],
+        "policy": {"namespaces": {"ns": {"partitions": ["p2"]}}},
+    }
+)
 
 
 class Owners:
@@ -195,6 +202,19 @@ def test_one_job_for_a_group_has_n_nodes_one_task_each_and_names_every_pod_in_ra
     assert desc["time_limit"] == {"set": True, "number": 2}  # the Job's deadline
     comment = placeholder.read_comment(desc["admin_comment"])
     assert comment is not None and list(comment.pods) == ["ns/j-0", "ns/j-1"]
+
+
+def test_a_group_roots_annotation_outside_the_policy_is_refused_naming_the_rule() -> None:
+    """A root object (here a Job) never passes the webhook: the policy is applied when its
+    job is described, with the root's annotations merged over the pods'."""
+    root = {"kind": "Job", "metadata": {"name": "j", "namespace": "ns", "annotations": {
+        SLURMJOB_PREFIX + "account": "someone-elses", GANG: "true"}}, "spec": {}}  # fmt: skip
+    pods = [make_pod(f"j-{i}", f"u{i}") for i in range(2)]
+    with pytest.raises(placeholder.PlaceholderProblem) as e:
+        groups.job_description(pods, Group("Job/ns/j", "Job", 2, root, "ns/j"), CONFIG)
+    assert e.value.reason == "PolicyDenied"
+    assert "'someone-elses' is not allowed" in e.value.message
+    assert "policy.namespaces.ns.accounts" in e.value.message
 
 
 # ---------------------------------------------------------------- the scheduler's steps

@@ -16,7 +16,25 @@ from slinky.bridge.scheduler.queue import RankedKeys, pod_rank
 
 JSON = dict[str, Any]
 CONFIG = parse_config(
-    {"partition": "bridge", "schedulerName": "s1", "mcsLabel": "k8s", "clusterId": "c1"}
+    {
+        "partition": "bridge",
+        "schedulerName": "s1",
+        "mcsLabel": "k8s",
+        "clusterId": "c1",
+        # What the annotations below ask for is allowed (the policy's own rules are in
+        # test_bridge_policy.py).
+        "policy": {
+            "default": {
+                "users": ["65534", "1000"],
+                "groups": ["65534", "0"],
+                "accounts": ["physics"],
+                "qos": ["high"],
+                "partitions": ["gpu"],
+                "reservations": ["maint"],
+                "allowPriority": True,
+            }
+        },
+    }
 )
 
 
@@ -267,3 +285,14 @@ def test_a_comment_recorded_for_another_pod_of_the_same_name_is_not_its_placehol
     upstream = '{"pods":["ns/p"]}'  # no UIDs recorded: the name is all there is to go by
     read = placeholder.read_comment(upstream)
     assert read is not None and read.pods == {"ns/p": ""} and read.scheduler == ""
+
+
+def test_without_a_policy_the_job_runs_as_nobody_never_the_bridges_own_user() -> None:
+    j = job(pod(), parse_config({}))
+    assert (j["user_id"], j["group_id"]) == ("65534", "65534")
+
+
+def test_an_annotation_outside_the_policy_is_a_policy_problem_not_a_job() -> None:
+    with pytest.raises(PlaceholderProblem) as e:
+        job(pod(annotations={"user-id": "0"}), parse_config({}))
+    assert e.value.reason == "PolicyDenied" and "policy.default.users" in e.value.message

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 from types import SimpleNamespace
 from typing import Any
 
 from slinky.bridge import placeholder, podcontrol
 from slinky.bridge.config import parse_config
 from slinky.bridge.jobwatch import JobWatch
-from slinky.bridge.labels import FINALIZER, REPLACED_JOB, SLURM_JOBID, SLURM_NODE
+from slinky.bridge.labels import FINALIZER, REPLACED_JOB, SLURM_JOBID, SLURM_NODE, SLURMJOB_PREFIX
 from slinky.bridge.nodes.controller import BY_SLURM_NAME, index_slurm_name
 from slinky.bridge.scheduler import exclusion
 from slinky.bridge.scheduler.sync import SchedulerSync
@@ -39,6 +40,9 @@ class FakeSlurm:
         self.free_node: str | None = None
         self.allocate_missing = False
         self.last_id = 99
+        self.tokens = SimpleNamespace(user="slurm")  # the bridge's own
+        self.allocated_as: list[str] = []
+        self.refuse_update = False
 
     def new_id(self) -> int:
         """Slurm never gives an id twice, also after a job was purged."""
@@ -55,10 +59,12 @@ class FakeSlurm:
             raise errors.SlurmUnavailable("connection reset")
         return job_id
 
-    async def allocate_job(self, desc: JSON) -> int:
+    async def allocate_job(self, desc: JSON, *, tokens: Any = None) -> int:
         """`job/allocate` with immediate: allocated on `free_node`, else refused as busy (a
-        FAILED record stays, as in Slurm); `allocate_missing`: an older slurmrestd."""
+        FAILED record stays, as in Slurm); `allocate_missing`: an older slurmrestd. The job
+        is the asking user's (`tokens`' user, else the bridge's)."""
         self.allocations += 1
+        self.allocated_as.append((tokens or self.tokens).user)
         if self.allocate_missing:
             raise errors.SlurmEndpointMissing("HTTP 404", status=404)
         job_id = self.new_id()
@@ -89,6 +95,8 @@ class FakeSlurm:
         self.jobs[job_id]["job_state"] = ["CANCELLED"]
 
     async def update_job(self, job_id: int, changes: JSON) -> None:
+        if self.refuse_update:
+            raise errors.SlurmUnavailable("connection reset")
         self.updates.append((job_id, changes))
         self.jobs[job_id].update(changes)
 
@@ -159,7 +167,10 @@ def setup() -> tuple[SchedulerSync, FakeSlurm, FakeKube, Store]:
         config=CONFIG,
         pods=SimpleNamespace(store=pods),  # type: ignore[arg-type]
         nodes=SimpleNamespace(store=nodes),  # type: ignore[arg-type]
-        slurm=SimpleNamespace(client=slurm, informer=informer),  # type: ignore[arg-type]
+        # The bridge may act as any Slurm user, as it does with the JWT key.
+        slurm=SimpleNamespace(  # type: ignore[arg-type]
+            client=slurm, informer=informer, tokens_for=lambda user: SimpleNamespace(user=user)
+        ),
         watch=JobWatch(slurm, on_change=lambda _: None),  # type: ignore[arg-type]
         recorder=SimpleNamespace(event=lambda *a, **k: None),  # type: ignore[arg-type]
     )
@@ -474,6 +485,76 @@ async def test_a_pod_with_a_free_node_is_allocated_inside_the_request_and_bound_
     assert slurm.allocations == 1
     assert kube.bound == {"ns/p": "n2"}  # one pass: no waiting for Slurm's next one
     assert job_label(pods.get("ns/p")) == str(job_id)
+
+
+async def test_an_allocation_is_asked_as_the_jobs_slurm_user_then_marked_as_ours() -> None:
+    """Slurm allocates a job to whoever asks (a user_id in it is not honoured there), and
+    only an administrator may set admin_comment: the bridge asks as the policy's user with
+    its mark in `comment`, then writes admin_comment as administrator, then binds."""
+    sync, slurm, kube, pods = setup()
+    idle(sync, "n1", "n2")
+    slurm.free_node = "n2"
+    pods.upsert(make_pod("p", "u1"))
+    await sync.reconcile("ns/p")
+    (job_id,) = slurm.jobs
+    assert slurm.allocated_as == ["65534"]  # nobody: the default policy's user
+    asked = slurm.jobs[job_id]
+    assert "user_id" not in asked or asked["user_id"] is None
+    mark = json.loads(asked["comment"])
+    assert mark["uids"] == ["u1"]
+    assert slurm.updates == [(job_id, {"admin_comment": asked["comment"]})]
+    assert kube.bound == {"ns/p": "n2"}
+
+
+async def test_an_allocation_that_cannot_be_marked_as_ours_is_cancelled_and_submitted() -> None:
+    sync, slurm, kube, pods = setup()
+    idle(sync, "n1", "n2")
+    slurm.free_node = "n2"
+    slurm.refuse_update = True
+    pods.upsert(make_pod("p", "u1"))
+    await sync.reconcile("ns/p")
+    allocated, submitted = sorted(slurm.jobs)
+    assert slurm.cancelled == [allocated]
+    assert slurm.job(submitted).is_pending and slurm.jobs[submitted]["user_id"] == "65534"
+    assert job_label(pods.get("ns/p")) == str(submitted) and kube.bound == {}
+
+
+async def test_a_bridge_that_cannot_act_as_the_jobs_user_submits_it() -> None:
+    """A stored token speaks for its own user only: no allocation as anyone else."""
+    sync, slurm, _kube, pods = setup()
+    idle(sync, "n1", "n2")
+    slurm.free_node = "n2"
+    sync.slurm.tokens_for = lambda _user: None  # type: ignore[method-assign]
+    pods.upsert(make_pod("p", "u1"))
+    await sync.reconcile("ns/p")
+    (job_id,) = slurm.jobs
+    assert slurm.allocations == 0
+    assert (slurm.jobs[job_id]["user_id"], slurm.jobs[job_id]["group_id"]) == ("65534", "65534")
+
+
+async def test_a_pod_that_picks_another_user_or_asks_a_priority_is_submitted() -> None:
+    """An allocation runs in the asking user's primary group and cannot carry a priority:
+    only the rule's first user and group match what a submission makes."""
+    sync, slurm, _kube, pods = setup()
+    sync.config = parse_config(
+        {
+            "partition": "bridge",
+            "schedulerName": "s1",
+            "managedNamespaces": ["ns"],
+            "policy": {
+                "default": {"users": ["1000", "1001"], "groups": ["1000"], "allowPriority": True}
+            },
+        }
+    )
+    idle(sync, "n1", "n2")
+    slurm.free_node = "n2"
+    for name, key, value in (("p1", "user-id", "1001"), ("p2", "priority", "10")):
+        pod = make_pod(name, f"u-{name}")
+        pod["metadata"]["annotations"] = {SLURMJOB_PREFIX + key: value}
+        pods.upsert(pod)
+        await sync.reconcile(f"ns/{name}")
+    assert slurm.allocations == 0
+    assert sorted(j["user_id"] for j in slurm.jobs.values()) == ["1000", "1001"]
 
 
 async def test_a_refused_allocation_is_submitted_instead_and_leaves_one_live_job() -> None:

@@ -4,13 +4,20 @@ finished, deleted or running pod does to its placeholder job, and what it costs 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
 from slinky.bridge import placeholder
 from slinky.bridge.jobwatch import JobWatch
 from slinky.bridge.labels import FINALIZER, SLURM_JOBID
-from slinky.bridge.workload.sync import BY_JOB, REVIVED_PREFIX, WorkloadSync, index_job
+from slinky.bridge.workload.sync import (
+    BY_JOB,
+    REVIVED_PREFIX,
+    WorkloadSync,
+    index_job,
+    unconfirmed,
+)
 from slinky.kube import rest
 from slinky.kube.store import Store
 from slinky.slurm import errors
@@ -167,4 +174,32 @@ async def test_a_just_bound_pod_is_not_deleted_on_a_read_of_its_job_from_before_
     await sync.watch.read(7)  # cached: PENDING
     slurm.jobs[7]["job_state"] = ["RUNNING"]  # allocated; the pod was bound meanwhile
     await sync.reconcile("ns/p")
+    assert kube.deleted == []
+
+
+def test_a_job_allocated_as_its_user_but_never_marked_as_ours_is_unconfirmed() -> None:
+    """The scheduler stopped between the allocation (mark in `comment`) and writing
+    admin_comment: no pod was bound to it, so it is cancelled at the next start."""
+    mark = placeholder.admin_comment([make_pod("p", "u1")], CONFIG)
+    assert unconfirmed(Job.parse({"job_id": 1, "comment": mark}), CONFIG)
+    assert not unconfirmed(Job.parse({"job_id": 2, "comment": mark, "admin_comment": mark}), CONFIG)
+    assert not unconfirmed(Job.parse({"job_id": 3, "comment": "a user's note"}), CONFIG)
+    other = placeholder.admin_comment([make_pod("p", "u1")], replace(CONFIG, cluster_id="other"))
+    assert not unconfirmed(Job.parse({"job_id": 4, "comment": other}), CONFIG)
+
+
+async def test_a_pod_that_only_carries_the_job_id_in_a_label_does_not_keep_the_job_alive() -> None:
+    """A forger's pod (another namespace, the bridge's scheduler named, the label patched
+    in) is not a pod of the job: the real pod's end cancels it, and its end deletes only
+    pods its admin_comment names."""
+    sync, slurm, kube, pods, _changed = setup(phase="Succeeded")
+    forger = make_pod("forged", "u9")
+    forger["metadata"]["namespace"] = "elsewhere"
+    forger["metadata"]["labels"][SLURM_JOBID] = "7"
+    pods.upsert(forger)
+    await sync.reconcile("ns/p")
+    assert slurm.cancelled == [7]
+    slurm.jobs[7]["job_state"] = ["CANCELLED"]
+    sync.watch.jobs.pop(7, None)
+    await sync.reconcile("elsewhere/forged")
     assert kube.deleted == []

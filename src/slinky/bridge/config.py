@@ -18,6 +18,9 @@ slurmIdlePollInterval: 15s  # ... and while none waits (update_time deltas: one 
 immediateAllocation: true  # ask Slurm to allocate at once when a node looks free
 clusterId: prod-eu-1    # who this bridge is, in every job and node it makes (default: the
                         # Kubernetes cluster's kube-system namespace UID)
+policy:                 # who the jobs run as and what pods may ask of Slurm (see `policy`)
+  default: {users: ["65534"], groups: ["65534"]}
+  namespaces: {team-a: {users: [alice], groups: [alice], accounts: [physics]}}
 ```
 
 Upstream did no validation at all: a typo silently fell back to a default. Here an unknown
@@ -38,6 +41,7 @@ from typing import Any, TypeVar
 import yaml
 
 from slinky.bridge.labels import MANAGED_NODE_TAINT
+from slinky.bridge.policy import Policy, Rule, merged
 from slinky.kube import flags
 from slinky.kube.selectors import LabelSelector, SelectorError, parse_label_selector
 
@@ -105,6 +109,8 @@ class BridgeConfig:
     # carries it is ever cancelled, drained or deleted (two bridges may share one Slurm).
     # Empty in the file: the kube-system namespace's UID, resolved at start.
     cluster_id: str = ""
+    # Slurm identity and limits of each managed namespace's pods.
+    policy: Policy = field(default_factory=Policy)
 
     def is_managed_namespace(self, name: str, labels: dict[str, str] | None) -> bool:
         """Pods of this namespace are the bridge's: the selector wins over the list."""
@@ -249,6 +255,78 @@ def _effect(value: Any, key: str) -> str:
     return str(value)
 
 
+def _names(value: Any, key: str, what: str) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        raise ConfigError(key, f"must be a list of {what}s, got {_show(value)}")
+    return tuple(
+        _string(str(v) if isinstance(v, int) else v, f"{key}[{i}]", _SLURM_NAME, f"a {what}")
+        for i, v in enumerate(value)
+    )
+
+
+def _slurm_name(what: str) -> Callable[[Any, str], str]:
+    return lambda v, k: _string(v, k, _SLURM_NAME, f"a {what}")
+
+
+_RULE_KEYS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
+    "users": ("users", lambda v, k: _names(v, k, "Slurm user name or uid")),
+    "groups": ("groups", lambda v, k: _names(v, k, "group name or gid")),
+    "accounts": ("accounts", lambda v, k: _names(v, k, "Slurm account")),
+    "defaultAccount": ("default_account", _slurm_name("Slurm account")),
+    "qos": ("qos", lambda v, k: _names(v, k, "QOS name")),
+    "defaultQos": ("default_qos", _slurm_name("QOS name")),
+    "partitions": ("partitions", lambda v, k: _names(v, k, "partition name")),
+    "reservations": ("reservations", lambda v, k: _names(v, k, "reservation name")),
+    "allowPriority": ("allow_priority", _bool),
+}
+
+
+def _rule(
+    value: Any, key: str, base: Rule, extra: dict[str, Callable[[Any, str], Any]] | None = None
+) -> tuple[Rule, dict[str, Any]]:
+    """A rule: `base` with the keys given at `key` replaced; and the `extra` keys' values."""
+    known: dict[str, Callable[[Any, str], Any]] = {k: p for k, (_, p) in _RULE_KEYS.items()}
+    parts = _mapping(value, key, {**known, **(extra or {})})
+    for name, what in (("users", "user: the jobs run as the first"), ("groups", "group")):
+        if name in parts and not parts[name]:
+            raise ConfigError(f"{key}.{name}", f"needs at least one {what}")
+    if "users" in parts and "groups" not in parts:
+        raise ConfigError(
+            f"{key}.groups",
+            f"give the group the jobs of {parts['users'][0]} run as (its primary group first) "
+            "beside users: Slurm gives a job submitted by the bridge the bridge's own group "
+            "(root's) otherwise",
+        )
+    given = {_RULE_KEYS[k][0]: v for k, v in parts.items() if k in _RULE_KEYS}
+    rest = {k: v for k, v in parts.items() if k not in _RULE_KEYS}
+    return merged(base, given, key), rest
+
+
+def _policy(value: Any, key: str) -> Policy:
+    parts = _mapping(value, key, {"default": lambda v, k: v, "namespaces": lambda v, k: v})
+    default = Rule(source=f"{key}.default")
+    if "default" in parts:
+        default, _ = _rule(parts["default"], f"{key}.default", default)
+    namespaces: dict[str, Rule] = {}
+    service_accounts: dict[tuple[str, str], Rule] = {}
+    spaces = parts.get("namespaces") or {}
+    if not isinstance(spaces, dict):
+        raise ConfigError(f"{key}.namespaces", f"must be a mapping, got {_show(spaces)}")
+    for name, entry in spaces.items():
+        at = f"{key}.namespaces.{name}"
+        _string(name, at, _DNS_LABEL, "a namespace name")
+        rule, rest = _rule(entry or {}, at, default, {"serviceAccounts": lambda v, k: v})
+        namespaces[name] = rule
+        accounts = rest.get("serviceAccounts") or {}
+        if not isinstance(accounts, dict):
+            raise ConfigError(f"{at}.serviceAccounts", f"must be a mapping, got {_show(accounts)}")
+        for sa, sa_entry in accounts.items():
+            sa_at = f"{at}.serviceAccounts.{sa}"
+            _string(sa, sa_at, _DNS_LABEL, "a ServiceAccount name")
+            service_accounts[(name, sa)], _ = _rule(sa_entry or {}, sa_at, rule)
+    return Policy(default=default, namespaces=namespaces, service_accounts=service_accounts)
+
+
 _TOP: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "schedulerName": (
         "scheduler_name",
@@ -271,6 +349,7 @@ _TOP: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
         "cluster_id",
         lambda v, k: _string(v, k, _CLUSTER_ID, "1-64 letters, digits, '.', '_' or '-'"),
     ),
+    "policy": ("policy", _policy),
 }
 
 

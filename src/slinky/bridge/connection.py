@@ -5,7 +5,7 @@ it polls while any of them runs)."""
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import jwt
 
@@ -54,6 +54,26 @@ class SlurmConnection:
     client: SlurmClient
     informer: SlurmInformer
     users: int = 0
+    # The JWT key, when the bridge mints its tokens: then it can also act as the Slurm user
+    # a pod's job runs as (see `tokens_for`).
+    jwt_key: bytes | None = field(default=None, repr=False)
+    token_lifetime: float = 900.0
+    _user_tokens: dict[str, MintedToken] = field(default_factory=dict, repr=False)
+
+    def tokens_for(self, user: str) -> TokenProvider | None:
+        """Tokens to act as the Slurm `user` (a name or a uid): the client's own when that
+        is its user, tokens minted for `user` when the bridge has the JWT key, else None
+        (a stored token speaks for its own user only)."""
+        own = self.client.tokens
+        if user == own.user:
+            return own
+        if self.jwt_key is None:
+            return None
+        tokens = self._user_tokens.get(user)
+        if tokens is None:
+            tokens = MintedToken(self.jwt_key, user=user, lifetime=self.token_lifetime)
+            self._user_tokens[user] = tokens
+        return tokens
 
     @staticmethod
     def check(config: BridgeConfig, *, needed_by: str) -> None:
@@ -72,14 +92,16 @@ class SlurmConnection:
         """The connection a component needs; ConfigError naming the key when the config lacks it."""
         cls.check(config, needed_by=needed_by)
         assert config.slurm_rest_api and config.slurm_auth is not None
-        client = SlurmClient(config.slurm_rest_api, token_provider(config.slurm_auth))
+        auth = config.slurm_auth
+        client = SlurmClient(config.slurm_rest_api, token_provider(auth))
         informer = SlurmInformer(
             client,
             poll_interval=config.slurm_poll_interval,
             idle_interval=config.slurm_idle_poll_interval,
             resync_interval=RESYNC_S,
         )
-        return cls(client, informer)
+        key = auth.jwt_key_file.read_bytes() if auth.jwt_key_file is not None else None
+        return cls(client, informer, jwt_key=key, token_lifetime=auth.token_lifetime)
 
     def open(self) -> None:
         """A component starts using the connection: the informer polls while any does."""

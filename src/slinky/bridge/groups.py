@@ -193,6 +193,13 @@ def with_root_annotations(pod: JSON, root: JSON) -> JSON:
     return {**pod, "metadata": {**_meta(pod), "annotations": annotations}}
 
 
+def allocation_user(pods: list[JSON], group: Group, config: BridgeConfig) -> str | None:
+    """Whom to ask an immediate allocation of the group's job as (see
+    `placeholder.allocation_user`): the job is described as its first pod in rank order."""
+    first = min(pods, key=rank)
+    return placeholder.allocation_user(with_root_annotations(first, group.root), config)
+
+
 def job_description(pods: list[JSON], group: Group, config: BridgeConfig) -> JSON:
     """The `job_desc_msg` of one placeholder job for the whole group: each pod described as
     on its own (root annotations first), then one node per pod, each node big enough for

@@ -14,6 +14,9 @@ rules are tested by value:
 - GPUs (`nvidia.com/gpu`, `amd.com/gpu`) become `gres/gpu:<n>` per node;
 - the `slurmjob.slinky.slurm.net/*` annotations override or add the rest; exclusive nodes
   unless `exclusive: "false"`;
+- who the job runs as, and the account, QOS, partition, reservation and priority it may
+  name, are the tenancy policy's (see `policy`): an annotation asking for more is refused
+  (`PolicyDenied`);
 - the job is named `<namespace>/<pod>` unless the pod names it (never `(null)` in squeue).
 """
 
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from slinky.bridge import policy
 from slinky.bridge.config import BridgeConfig
 from slinky.bridge.labels import SLURMJOB_PREFIX
 from slinky.kube.quantity import parse_quantity
@@ -213,9 +217,44 @@ def is_placeholder_of(comment_text: str, config: BridgeConfig, *, key: str, uid:
     return not uid or not recorded or recorded == uid
 
 
+def identity(pod: JSON, config: BridgeConfig) -> policy.Identity:
+    """Who the pod's job runs as and what it names, by the policy rule of the pod's
+    namespace and ServiceAccount; PlaceholderProblem `PolicyDenied` naming the rule."""
+    meta = pod.get("metadata") or {}
+    namespace = str(meta.get("namespace") or "")
+    account = policy.service_account(pod)
+    rule = config.policy.rule_for(namespace, account)
+    who = f"pods of namespace {namespace} (ServiceAccount {account})"
+    try:
+        return policy.decide(rule, policy.pod_annotations(pod), partition=config.partition, who=who)
+    except policy.PolicyDenied as e:
+        raise PlaceholderProblem("PolicyDenied", f"pod {pod_key(pod)}: {e}") from None
+
+
+def allocation_user(pod: JSON, config: BridgeConfig) -> str | None:
+    """The Slurm user to ask an immediate allocation of the pod's job as, or None when the
+    job must be submitted: an allocation belongs to the user who asks, in that user's
+    primary group, so it matches what a submission would make only for the rule's first
+    user and group (not ones a pod picked by annotation), and it cannot carry a priority
+    (an administrator's field)."""
+    if _annotation(pod, "priority") is not None:
+        return None
+    meta = pod.get("metadata") or {}
+    rule = config.policy.rule_for(str(meta.get("namespace") or ""), policy.service_account(pod))
+    who = identity(pod, config)
+    if (who.user, who.group) != (rule.users[0], rule.groups[0]):
+        return None
+    return who.user
+
+
 def job_description(pod: JSON, config: BridgeConfig) -> JSON:
     """The `job_desc_msg` of the placeholder job for one pod; PlaceholderProblem when an
-    annotation or resource cannot be read."""
+    annotation or resource cannot be read, or the policy refuses what the pod asks."""
+    # Malformed numbers are named as such before the policy judges the values.
+    priority = _whole(pod, "priority", least=0)
+    for short in ("user-id", "group-id"):
+        _whole(pod, short, least=0)
+    who = identity(pod, config)
     job: JSON = {
         "name": job_name(pod),
         "flags": ["EXTERNAL_JOB"],
@@ -223,7 +262,8 @@ def job_description(pod: JSON, config: BridgeConfig) -> JSON:
         "requeue": False,
         "admin_comment": admin_comment([pod], config),
         "current_working_directory": "/tmp",
-        "partition": _annotation(pod, "partition") or config.partition,
+        "partition": who.partition,
+        "user_id": who.user,
         "minimum_nodes": 1,
         "maximum_nodes": 1,
         "tasks": 1,
@@ -246,22 +286,18 @@ def job_description(pod: JSON, config: BridgeConfig) -> JSON:
     minutes = time_limit_minutes(pod)
     if minutes is not None:
         job["time_limit"] = {"set": True, "number": minutes}
-    priority = _whole(pod, "priority", least=0)
     if priority is not None:
         job["priority"] = {"set": True, "number": priority}
-    for short, field in (
-        ("account", "account"),
-        ("qos", "qos"),
-        ("reservation", "reservation"),
-        ("licenses", "licenses"),
-        ("constraints", "constraints"),
-        ("wckey", "wckey"),
+    job["group_id"] = who.group
+    for field, value in (
+        ("account", who.account),
+        ("qos", who.qos),
+        ("reservation", who.reservation),
     ):
-        value = _annotation(pod, short)
         if value:
             job[field] = value
-    for short, field in (("user-id", "user_id"), ("group-id", "group_id")):
-        number = _whole(pod, short, least=0)
-        if number is not None:
-            job[field] = str(number)
+    for short in ("licenses", "constraints", "wckey"):
+        value = _annotation(pod, short)
+        if value:
+            job[short] = value
     return job

@@ -95,16 +95,24 @@ class SlurmClient:
     # ------------------------------------------------------------ transport
 
     async def _send(
-        self, method: str, path: str, *, params: Params = None, body: Any = None
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Params = None,
+        body: Any = None,
+        tokens: TokenProvider | None = None,
     ) -> httpx2.Response:
-        """One HTTP exchange with token refresh on 401 and retries on connection errors."""
+        """One HTTP exchange with token refresh on 401 and retries on connection errors;
+        as `tokens`' user when given, else as the client's."""
+        tokens = tokens or self.tokens
         refreshed = False
         attempt = 0
         backoff = Backoff(0.1, 2.0)
         endpoint = _endpoint(path)
         while True:
-            token = await self.tokens.token()
-            headers = {"X-SLURM-USER-NAME": self.tokens.user, "X-SLURM-USER-TOKEN": token}
+            token = await tokens.token()
+            headers = {"X-SLURM-USER-NAME": tokens.user, "X-SLURM-USER-TOKEN": token}
             content = None
             if body is not None:
                 headers["Content-Type"] = "application/json"
@@ -134,7 +142,7 @@ class SlurmClient:
             REQUESTS.labels(self.url, method, endpoint, str(resp.status_code)).inc()
             self.bytes_received += len(resp.content)
             if self._refused_token(resp) and not refreshed:
-                self.tokens.invalidate()
+                tokens.invalidate()
                 refreshed = True
                 continue
             return resp
@@ -162,12 +170,14 @@ class SlurmClient:
         params: Params = None,
         body: Any = None,
         what: str = "",
+        tokens: TokenProvider | None = None,
     ) -> tuple[int, JSON]:
         """A versioned call: `path` is relative to /slurm/<version>/. Returns (status, body)
-        for 2xx/304, raises a classified SlurmError otherwise (or when `errors` is set)."""
+        for 2xx/304, raises a classified SlurmError otherwise (or when `errors` is set).
+        `tokens`: act as that provider's user instead of the client's."""
         version = await self.negotiate()
         full = f"/slurm/{version}/{path.lstrip('/')}"
-        resp = await self._send(method, full, params=params, body=body)
+        resp = await self._send(method, full, params=params, body=body, tokens=tokens)
         data: JSON = {}
         if resp.content:
             try:
@@ -330,14 +340,18 @@ class SlurmClient:
         _, data = await self.call("POST", "job/submit", body=body, what="submit job")
         return int(data["job_id"])
 
-    async def allocate_job(self, job: JSON) -> int:
+    async def allocate_job(self, job: JSON, *, tokens: TokenProvider | None = None) -> int:
         """`POST job/allocate` with `immediate`: slurmctld allocates the job inside the
         request, or refuses it (SlurmNodeBusy, or another SlurmError when a job of higher
         priority waits or a limit holds it) and keeps no pending job, only a FAILED record.
         Never without `immediate`: slurmrestd would wait inside the request for the
-        allocation of a pending job (and time out, error 5004)."""
+        allocation of a pending job (and time out, error 5004). The job belongs to the user
+        who asks (a `user_id` in it is not honoured here, unlike on submit): `tokens` of
+        that user, else the client's own."""
         body: JSON = {"job": {**job, "immediate": True}}
-        _, data = await self.call("POST", "job/allocate", body=body, what="allocate job")
+        _, data = await self.call(
+            "POST", "job/allocate", body=body, what="allocate job", tokens=tokens
+        )
         return int(data["job_id"])
 
     async def get_job(self, job_id: int) -> Job:

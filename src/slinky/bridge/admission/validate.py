@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from slinky.bridge import policy
 from slinky.bridge.labels import SLURM_JOBID, SLURM_NODE, SLURMJOB_PREFIX
 
 JSON = dict[str, Any]
@@ -51,6 +52,11 @@ class Request:
     pod: JSON
     old: JSON | None = None
     sub_resource: str = ""
+    # The tenancy policy's rule for the pod (its namespace and ServiceAccount), the bridge's
+    # own partition, and who the pod is in messages; no rule: the policy is not checked.
+    rule: policy.Rule | None = None
+    partition: str = ""
+    who: str = "this pod"
 
     def labels(self, which: JSON | None = None) -> dict[str, str]:
         obj = self.pod if which is None else which
@@ -155,6 +161,18 @@ def _nodes_range(req: Request) -> Iterator[dict[str, Any]]:
         yield {"low": low, "high": high}
 
 
+def _outside_policy(req: Request) -> Iterator[dict[str, Any]]:
+    if req.rule is None:
+        return
+    changed = {short for _, short, _ in req.new_slurmjob_annotations()}
+    if not changed & set(policy.GOVERNED):
+        return  # nothing the policy decides was added or changed
+    try:
+        policy.decide(req.rule, req.annotations(), partition=req.partition, who=req.who)
+    except policy.PolicyDenied as e:
+        yield {"problem": str(e)}
+
+
 def _resource_claims(req: Request) -> Iterator[dict[str, Any]]:
     spec = req.spec
     containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
@@ -238,6 +256,12 @@ RULES: tuple[Rule, ...] = (
         f"annotation {SLURMJOB_PREFIX}min-nodes ({{low}}) is larger than "
         f"{SLURMJOB_PREFIX}max-nodes ({{high}})",
         _nodes_range,
+    ),
+    Rule(
+        "slurm-identity-policy",
+        BOTH,
+        "{problem}",
+        _outside_policy,
     ),
     Rule(
         "resource-claims",

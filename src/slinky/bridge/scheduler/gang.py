@@ -169,7 +169,10 @@ class GangScheduler:
             desc["excluded_nodes"] = sorted(excluded)
         try:
             job_id = await sync.create_job(
-                desc, sorted(allowed or ()), [str(m["metadata"]["uid"]) for m in members]
+                desc,
+                sorted(allowed or ()),
+                [str(m["metadata"]["uid"]) for m in members],
+                as_user=groups.allocation_user(members, group, sync.config),
             )
         except (errors.SlurmUnavailable, errors.SlurmAuthError):
             for m in members:

@@ -51,6 +51,7 @@ from slinky.kube.controller import DONE, Result
 from slinky.kube.informer import Informer
 from slinky.slurm import errors
 from slinky.slurm.models import Job, expand_hostlist
+from slinky.slurm.tokens import TokenProvider
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,14 @@ def _age(pod: JSON) -> float | None:
     return max(0.0, time.time() - at.timestamp())
 
 
+def as_its_user(desc: JSON) -> JSON:
+    """`desc` as its own Slurm user may ask for it: the bridge's mark in `comment` (only an
+    administrator may set admin_comment; the bridge writes it once the job exists), and no
+    user_id or group_id (the job is the asking user's, in that user's primary group)."""
+    fields = {k: v for k, v in desc.items() if k not in ("admin_comment", "user_id", "group_id")}
+    return {**fields, "comment": desc["admin_comment"]}
+
+
 def slurm_message(e: errors.SlurmError) -> str:
     """Slurm's own words for a refusal (the error descriptions), else the whole error."""
     said = [x.error for x in e.errors if x.error_number] or [x.description for x in e.errors]
@@ -170,6 +179,8 @@ class SchedulerSync:
         # Keys of pods found labelled with a job at start and not placed since: their jobs
         # may wait in Slurm (made by the replica before this one).
         self.unseen: set[str] = set()
+        # Jobs allocated as their user that could not be marked as ours: to cancel.
+        self.unconfirmed: set[int] = set()
 
     # ------------------------------------------------------------ which pods
 
@@ -358,7 +369,12 @@ class SchedulerSync:
         if where.excluded:
             desc["excluded_nodes"] = where.excluded
         try:
-            job_id = await self.create_job(desc, where.allowed, [uid])
+            job_id = await self.create_job(
+                desc,
+                where.allowed,
+                [uid],
+                as_user=placeholder.allocation_user(pod, self.config),
+            )
         except (errors.SlurmUnavailable, errors.SlurmAuthError) as e:
             # Not an answer about the job: retried with the controller's backoff, after
             # looking for the job in case the request reached slurmctld.
@@ -386,16 +402,22 @@ class SchedulerSync:
             )
         return await self.place(pod, job_id)
 
-    async def create_job(self, desc: JSON, allowed: list[str], uids: list[str]) -> int:
+    async def create_job(
+        self, desc: JSON, allowed: list[str], uids: list[str], *, as_user: str | None
+    ) -> int:
         """The placeholder job `desc` for the pods `uids`: allocated inside the request when
-        enough `allowed` nodes look free (see `immediate`), else submitted to wait for
-        Slurm's pass. Raises what `submit_job` raises."""
+        enough `allowed` nodes look free (see `immediate`) and the bridge can ask as the
+        job's Slurm user `as_user` (None: it may not), else submitted to wait for Slurm's
+        pass. Raises what `submit_job` raises."""
+        await self.cancel_unconfirmed()
+        tokens = self.slurm.tokens_for(as_user) if as_user is not None else None
         if (
-            self.allocate_at_once
+            tokens is not None
+            and self.allocate_at_once
             and not any(u in self.rejections for u in uids)
             and not self.pending_in(str(desc["partition"]))
         ):
-            job_id = await self.allocate(desc, allowed)
+            job_id = await self.allocate(desc, allowed, tokens)
             if job_id is not None:
                 return job_id
         job_id = await self.slurm.client.submit_job(desc)
@@ -416,11 +438,12 @@ class SchedulerSync:
                 return True
         return False
 
-    async def allocate(self, desc: JSON, allowed: list[str]) -> int | None:
-        """Ask Slurm to allocate `desc` now if the nodes look free: the job id, or None
-        (not asked, or refused: no job was made). The requests go one at a time, each
-        seeing what the ones before took (see `immediate.Claims`); the read of the job's
-        nodes is made outside the turn."""
+    async def allocate(self, desc: JSON, allowed: list[str], tokens: TokenProvider) -> int | None:
+        """Ask Slurm, as `tokens`' user, to allocate `desc` now if the nodes look free: the
+        job id, or None (not asked, refused, or not confirmed as ours: no job is left). The
+        requests go one at a time, each seeing what the ones before took (see
+        `immediate.Claims`); the confirmation and the read of the job's nodes are made
+        outside the turn."""
         informer = self.slurm.informer
         async with self.allocating:
             taken = self.claims.overlay(informer.nodes, informer.shows_since)
@@ -429,8 +452,9 @@ class SchedulerSync:
                 return None
             mark = informer.mark()
             token = self.claims.start(desc)
+            own = tokens is self.slurm.client.tokens
             try:
-                job_id = await self.ask_allocation(desc)
+                job_id = await self.ask_allocation(desc if own else as_its_user(desc), tokens)
             except BaseException:
                 self.claims.finish(token, desc, (), mark)
                 raise
@@ -439,6 +463,8 @@ class SchedulerSync:
                 return None
         nodes: list[str] = []
         try:
+            if not own and not await self.confirm(job_id, desc):
+                return None
             self.watch.track(job_id, fresh=True)
             with contextlib.suppress(errors.SlurmError):
                 job = await self.watch.read(job_id)
@@ -448,11 +474,38 @@ class SchedulerSync:
             self.claims.finish(token, desc, nodes, mark)
         return job_id
 
-    async def ask_allocation(self, desc: JSON) -> int | None:
-        """`job/allocate` with immediate: the job id, or None when Slurm refused it or
-        slurmrestd has no such route (then never again in this process)."""
+    async def confirm(self, job_id: int, desc: JSON) -> bool:
+        """A job allocated as its own user carries the bridge's mark only in `comment` (a
+        user may not set admin_comment, which alone the bridge trusts): the bridge writes
+        admin_comment as administrator now. False: not written, the job is cancelled (or
+        will be, see `cancel_unconfirmed`) and the pod submitted instead."""
         try:
-            job_id = await self.slurm.client.allocate_job(desc)
+            await self.slurm.client.update_job(job_id, {"admin_comment": desc["admin_comment"]})
+            return True
+        except errors.SlurmError as e:
+            log.info("job %d: allocated but not marked as ours (%s); cancelling it", job_id, e)
+        self.unconfirmed.add(job_id)
+        await self.cancel_unconfirmed()
+        return False
+
+    async def cancel_unconfirmed(self) -> None:
+        """Cancel the allocated jobs `confirm` could not mark (retried at each new job until
+        slurmrestd answers; a leader that died in between leaves them to the next one's
+        start, see `workload.sync.cancel_orphans`)."""
+        for job_id in sorted(self.unconfirmed):
+            try:
+                await self.slurm.client.cancel_job(job_id)
+            except errors.SlurmNotFound:
+                pass
+            except errors.SlurmError:
+                return
+            self.unconfirmed.discard(job_id)
+
+    async def ask_allocation(self, desc: JSON, tokens: TokenProvider) -> int | None:
+        """`job/allocate` with immediate, as `tokens`' user: the job id, or None when Slurm
+        refused it or slurmrestd has no such route (then never again in this process)."""
+        try:
+            job_id = await self.slurm.client.allocate_job(desc, tokens=tokens)
         except errors.SlurmEndpointMissing:
             log.info("slurmrestd has no job/allocate: placeholder jobs are submitted only")
             self.allocate_at_once = False

@@ -30,7 +30,8 @@ read before any pod is deleted for its job.
 A job the controller cancelled is followed until Slurm purges it (`JobWatch.
 follow_cancelled`); if slurmctld brings it back (a crash right after it acknowledged the
 cancel), `revived` cancels it again. `cancel_orphans` runs once at start: a live job of
-ours whose pods are all gone (confirmed by the apiserver, not only the cache) is cancelled.
+ours whose pods are all gone (confirmed by the apiserver, not only the cache) is cancelled,
+and so is a job allocated as its user that was never marked as ours (`unconfirmed`).
 """
 
 from __future__ import annotations
@@ -65,6 +66,16 @@ def is_group_job(job: Job) -> bool:
     """The job stands for more than one pod (a group's job)."""
     comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
     return comment is not None and len(comment.pods) > 1
+
+
+def unconfirmed(job: Job, config: BridgeConfig) -> bool:
+    """A job the scheduler allocated as its Slurm user (the mark in `comment`) but never
+    marked as its own in admin_comment (it stopped between the two requests): no pod was
+    ever bound to it. A Slurm user who writes such a comment gets their own job cancelled."""
+    if job.raw.get("admin_comment"):
+        return False
+    comment = placeholder.read_comment(str(job.raw.get("comment") or ""))
+    return comment is not None and comment.made_by(config)
 
 
 def lost_its_node(job: Job) -> bool:
@@ -134,14 +145,24 @@ class WorkloadSync:
             return self.watch.jobs[job_id]
         return await self.watch.read(job_id)
 
-    def others_running(self, job_id: int, key: str) -> bool:
-        """Whether a pod of the job other than `key` still runs or waits to."""
-        return any(
-            placeholder.pod_key(p) != key
-            and not podcontrol.is_terminal(p)
-            and not podcontrol.is_deleting(p)
-            for p in self.pods.store.by_index(BY_JOB, str(job_id))
-        )
+    def others_running(self, job: Job, key: str) -> bool:
+        """Whether a pod of the job other than `key` still runs or waits to: one its
+        admin_comment names (that very pod, by UID) that carries its job id or none yet. A
+        pod that merely carries the job id in a label (anyone who may patch a pod can write
+        one) never keeps the job alive."""
+        comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
+        for other, uid in (comment.pods if comment else {}).items():
+            p = self.pods.store.get(other)
+            if (
+                other != key
+                and p is not None
+                and (not uid or p["metadata"].get("uid") == uid)
+                and podcontrol.job_id_of(p) in (None, job.job_id)
+                and not podcontrol.is_terminal(p)
+                and not podcontrol.is_deleting(p)
+            ):
+                return True
+        return False
 
     def owns(self, job: Job | None, key: str, uid: str = "") -> bool:
         """Whether the job is this scheduler's placeholder for pod `key`, by its
@@ -159,19 +180,17 @@ class WorkloadSync:
     ) -> None:
         """Cancel the job unless another pod of it still runs; `failed`: the pod failed,
         which ends a group's job whatever its other pods do."""
-        if not failed and self.others_running(job_id, key):
-            return
         job = await self.job(job_id, track=False)
         if job is None or job.is_finished:
             self.watch.untrack(job_id)
-            return
-        if failed and self.others_running(job_id, key) and not is_group_job(job):
             return
         if not self.owns(job, key, uid):
             log.warning(
                 "job %d: not cancelled (%s): its admin_comment does not name %s", job_id, why, key
             )
             self.watch.untrack(job_id)
+            return
+        if self.others_running(job, key) and not (failed and is_group_job(job)):
             return
         await self.slurm.client.cancel_job(job_id)
         self.slurm.informer.poke()
@@ -304,10 +323,15 @@ class WorkloadSync:
         jobs, _ = await self.slurm.client.list_jobs()
         cancelled = 0
         for job in jobs or []:
-            comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
-            if job.is_finished or comment is None:
+            if job.is_finished:
                 continue
-            if not comment.made_by(self.config):
+            if unconfirmed(job, self.config):
+                await self.slurm.client.cancel_job(job.job_id)
+                log.info("job %d: cancelled: allocated but never marked as ours", job.job_id)
+                cancelled += 1
+                continue
+            comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
+            if comment is None or not comment.made_by(self.config):
                 continue
             if [key for key, uid in comment.pods.items() if await self.exists(key, uid)]:
                 continue
