@@ -249,7 +249,9 @@ async def test_scancel_of_the_placeholder_job_deletes_its_pod(
         env, name, ns, lambda p: p["status"].get("phase") == "Running", "Running", timeout=90
     )
     await env.slurm.cancel_job(job_id(running))
-    await pod_gone(env, name, ns, timeout=60)
+    # Seen at the next node poll that shows the node freed (slurmIdlePollInterval, 15 s),
+    # else at the settled jobs' shared tick (60 s), the backstop.
+    await pod_gone(env, name, ns, timeout=90)
     notes = await pod_events(env, name, ns, "SlurmJobEnded")
     assert any("CANCELLED" in n for n in notes), notes
 
