@@ -24,6 +24,7 @@ SHORT_SOAK = [
 ]
 
 
+@pytest.mark.longest
 @pytest.mark.timeout(1200)
 def test_short_chaos_soak_kills_no_job_breaks_no_invariant_and_leaves_nothing_stuck() -> None:
     bed_dir = worker_bed_dir("SLINKY_SOAK_TESTBED_DIR", "soak-e2e")
