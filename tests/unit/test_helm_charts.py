@@ -275,6 +275,37 @@ def test_bridge_deployments_pass_only_flags_and_config_keys_the_bridge_knows() -
     assert parsed.managed_node_taint.effect == "NoSchedule"
 
 
+def test_the_webhook_runs_two_replicas_under_a_pdb_and_holds_no_slurm_credentials() -> None:
+    objs = render("slurm-bridge", namespace="slinky-system", release="slurm-bridge")
+    webhook = one(objs, "Deployment", "slurm-bridge-admission")
+    assert webhook["spec"]["replicas"] == 2
+    pdb = one(objs, "PodDisruptionBudget", "slurm-bridge-admission")
+    assert pdb["spec"]["minAvailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == webhook["spec"]["selector"]["matchLabels"]
+    pod = webhook["spec"]["template"]["spec"]
+    assert "--config=/etc/slurm-bridge/admission.yaml" in args_of(webhook)
+    assert [v["name"] for v in pod["volumes"]] == ["config", "tmp", "webhook-certs"]
+    assert "podAntiAffinity" in pod["affinity"]
+    config = yaml.safe_load(one(objs, "ConfigMap")["data"]["admission.yaml"])
+    assert "slurmAuth" not in config
+    parse_config(config)
+    for name in ("slurm-bridge-scheduler", "slurm-bridge-controllers"):
+        volumes = one(objs, "Deployment", name)["spec"]["template"]["spec"]["volumes"]
+        assert "slurm-auth" in [v["name"] for v in volumes]
+    one_replica = render("slurm-bridge", "admission.replicas=1", namespace="slinky-system")
+    assert kinds(one_replica, "PodDisruptionBudget") == []  # a PDB would block every drain
+
+
+def test_the_tenancy_policy_value_reaches_the_bridge_and_the_webhook(tmp_path: Path) -> None:
+    policy = {"namespaces": {"team-a": {"users": ["alice"], "groups": ["alice"]}}}
+    objs = render_values("slurm-bridge", {"sharedConfig": {"policy": policy}}, tmp_path)
+    data = one(objs, "ConfigMap")["data"]
+    for key in ("config.yaml", "admission.yaml"):
+        config = yaml.safe_load(data[key])
+        config.pop("slurmAuth", None)
+        assert parse_config(config).policy.rule_for("team-a").users == ("alice",)
+
+
 @pytest.mark.parametrize(
     "sets",
     [

@@ -36,8 +36,8 @@ app.kubernetes.io/component: {{ .component }}
 
 {{- /* The config file: upstream's keys from sharedConfig, plus where the credentials are. */ -}}
 {{- define "slurm-bridge.config" -}}
-{{- $c := .Values.sharedConfig }}
-{{- $a := .Values.slurmAuth }}
+{{- $c := .root.Values.sharedConfig }}
+{{- $a := .root.Values.slurmAuth }}
 {{- $cfg := dict
       "schedulerName" $c.schedulerName
       "slurmRestApi" $c.slurmRestApi
@@ -54,7 +54,12 @@ app.kubernetes.io/component: {{ .component }}
 {{- with $c.clusterId }}
 {{- $_ := set $cfg "clusterId" . }}
 {{- end }}
-{{- if $a.jwtKeySecretRef.name }}
+{{- with $c.policy }}
+{{- $_ := set $cfg "policy" . }}
+{{- end }}
+{{- if .admission }}
+{{- /* The webhook never talks to Slurm: no credentials in its config (or its pod). */ -}}
+{{- else if $a.jwtKeySecretRef.name }}
 {{- $_ := set $cfg "slurmAuth" (dict "jwtKeyFile" (printf "/var/run/secrets/slurm/%s" $a.jwtKeySecretRef.key) "user" $a.user "tokenLifetime" $a.tokenLifetime) }}
 {{- else if $a.tokenSecretRef.name }}
 {{- $_ := set $cfg "slurmAuth" (dict "tokenFile" (printf "/var/run/secrets/slurm/%s" $a.tokenSecretRef.key) "user" $a.user) }}
