@@ -4,6 +4,7 @@ fakes of the apiserver and slurmrestd."""
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 from typing import Any
 
@@ -332,6 +333,54 @@ async def test_a_group_whose_pod_was_replaced_before_binding_binds_none_and_star
     await sync.reconcile("ns/g-0")  # the new pod and g-1: a new job for the whole group
     await sync.reconcile("ns/g-1")
     assert len([j for j in slurm.jobs if j != job_id]) == 1
+
+
+async def test_a_terminating_member_at_bind_time_binds_none_of_the_group() -> None:
+    """A member being deleted (deletionTimestamp set, still in the cache) when the job is
+    allocated can never take its node: binding the others would run the gang incomplete."""
+    sync, slurm, kube, pods = gang_setup(2)
+    job_id = await submitted_group(sync, slurm, pods)
+    allocate(sync, slurm, job_id, "n[1-2]")
+    leaving = pods.get("ns/g-0")
+    assert leaving is not None
+    leaving["metadata"]["deletionTimestamp"] = "2026-11-26T00:00:00Z"
+    pods.upsert(leaving)
+    await sync.reconcile("ns/g-1")
+    assert kube.bound == {}
+    assert slurm.cancelled == [job_id]
+    assert job_label(pods.get("ns/g-1")) is None  # waits for a whole group again
+
+
+async def test_a_member_leaving_while_the_others_are_bound_waits_for_the_binding() -> None:
+    """`left` takes the group's lock: a member leaving while `place` binds the group
+    finds the job started and leaves it to the workload controller, instead of cancelling
+    it under pods that are being bound."""
+    sync, slurm, kube, pods = gang_setup(2)
+    job_id = await submitted_group(sync, slurm, pods)
+    allocate(sync, slurm, job_id, "n[1-2]")
+    entered, release = asyncio.Event(), asyncio.Event()
+    real_bind = kube.request
+
+    async def slow_bind(*args: Any, **kwargs: Any) -> JSON:
+        entered.set()
+        await release.wait()
+        return await real_bind(*args, **kwargs)
+
+    kube.request = slow_bind  # type: ignore[method-assign]
+    placing = asyncio.create_task(sync.reconcile("ns/g-1"))
+    await entered.wait()  # the first binding is in flight
+    gone = pods.get("ns/g-0")
+    assert gone is not None
+    gone = {**gone, "metadata": {**gone["metadata"], "deletionTimestamp": "2026-11-26T00:00:00Z"}}
+    pods.upsert(gone)
+    leaving = asyncio.create_task(sync.reconcile("ns/g-0"))
+    await asyncio.sleep(0.05)
+    assert slurm.cancelled == []  # not while the binding holds the group
+    release.set()
+    await placing
+    await leaving
+    assert slurm.cancelled == []
+    assert kube.bound == {"ns/g-0": "n1", "ns/g-1": "n2"}
 
 
 # ---------------------------------------------------------------- the workload controller

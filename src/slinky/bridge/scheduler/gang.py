@@ -76,7 +76,13 @@ class GangScheduler:
             keys.discard(key)
             if not keys:
                 del self.members[group.key]
-                self._locks.pop(group.key, None)
+                self._forget_lock(group.key)
+
+    def _forget_lock(self, group_key: str) -> None:
+        """A group with no member left needs no lock (one held now is dropped on release)."""
+        lock = self._locks.get(group_key)
+        if lock is not None and not lock.locked() and group_key not in self.members:
+            del self._locks[group_key]
 
     def waiting(self, group: Group) -> list[JSON]:
         """The group's pods that still wait for a node, in rank order."""
@@ -250,9 +256,10 @@ class GangScheduler:
             )
             sync.recorder.event(pod, events.WARNING, "NodeNotFound", message, action="Bind")
             return Result(requeue_after=5.0)
-        gone = [k for k, p in ours.items() if p is None]
+        gone = [k for k, p in ours.items() if not stays(p)]
         if gone and not started(ours):
-            # A pod left between the allocation and the binding: all or nothing.
+            # A pod left (or is leaving) between the allocation and the binding: all or
+            # nothing, so none of the others is bound.
             await self.abandon(group, job_id, f"pod {gone[0]} of {group.describe()} went away")
             return DONE
         bound = 0
@@ -319,10 +326,20 @@ class GangScheduler:
     # ------------------------------------------------------------ a pod leaves
 
     async def left(self, key: str, pod: JSON | None) -> None:
-        """`key` no longer waits: bound (nothing to do), or gone before its job ran."""
-        group = self.group_of.pop(key, None)
+        """`key` no longer waits: bound (nothing to do), or gone before its job ran. Under
+        the group's lock: a `place` binding the others finishes first (then the job has
+        started and is left alone) or comes after (and finds the job abandoned)."""
+        group = self.group_of.get(key)
         if group is None:
             return
+        async with self._locks.setdefault(group.key, asyncio.Lock()):
+            await self._left(key, pod, group)
+        self._forget_lock(group.key)
+
+    async def _left(self, key: str, pod: JSON | None, group: Group) -> None:
+        if self.group_of.get(key) is not group:
+            return  # handled meanwhile
+        del self.group_of[key]
         self._leave_set(key, group)
         if pod is not None and podcontrol.node_of(pod):
             return
@@ -376,6 +393,16 @@ class GangScheduler:
         )
         for p in others:
             self.enqueue(placeholder.pod_key(p))
+
+
+def stays(pod: JSON | None) -> bool:
+    """Whether a pod of the job (`GangScheduler.pods_of`) can still take its place: there,
+    and bound already or still waiting (not being deleted, not ended)."""
+    if pod is None:
+        return False
+    if podcontrol.node_of(pod):
+        return True
+    return not podcontrol.is_deleting(pod) and not podcontrol.is_terminal(pod)
 
 
 def started(ours: dict[str, JSON | None]) -> bool:
