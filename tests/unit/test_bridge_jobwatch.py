@@ -224,3 +224,39 @@ async def test_a_cancelled_job_is_followed_until_purged_and_a_revived_one_is_tol
         assert slurm.reads == []  # followed with state requests only
     finally:
         await watch.stop()
+
+
+async def test_a_node_event_during_a_look_is_not_lost_to_the_settled_tick() -> None:
+    """A running job is being looked at (its state read says RUNNING) when a node event
+    comes, for the job's end: the look must not push it back to the settled tick (scancel
+    of a placeholder job was seen a minute late, at the tick)."""
+    slurm = FakeSlurm()
+    slurm.set(1, "RUNNING", "n1")
+    changed: list[int] = []
+    watch = JobWatch(  # type: ignore[arg-type]
+        slurm, on_change=changed.append, max_interval=60.0, settled_interval=60.0
+    )
+    gate = asyncio.Event()
+    asked = asyncio.Event()
+    states = slurm.job_states
+
+    async def slow_states(job_ids: list[int]) -> dict[int, list[str]]:
+        answer = await states(job_ids)  # read before the cancel
+        asked.set()
+        await gate.wait()
+        return answer
+
+    watch.start()
+    try:
+        watch.track(1)
+        await until(lambda: changed == [1])  # read in full once: RUNNING on n1
+        slurm.job_states = slow_states  # type: ignore[method-assign]
+        watch.node_changed("n2")  # something else: a look of job 1 starts...
+        watch._schedule(1, 0.0)
+        await asyncio.wait_for(asked.wait(), 5)
+        slurm.set(1, "CANCELLED", "n1")
+        watch.node_changed("n1")  # ...and the cancel's node event comes during it
+        gate.set()
+        await until(lambda: changed == [1, 1])  # seen now, not at the tick a minute away
+    finally:
+        await watch.stop()

@@ -218,6 +218,10 @@ class JobWatch(BackgroundLoop):
         return job is not None and not job.is_pending and tuple(job.state) == tuple(state)
 
     async def _look(self, due: list[int], limit: asyncio.Semaphore) -> None:
+        # When each job would be looked at again if nothing happened while it was read; a
+        # node event during the read makes it due earlier, and that must stand (else an
+        # ending job seen by that event waits for the settled tick).
+        unmoved = {job_id: self._next[job_id] for job_id in due if job_id in self._next}
         try:
             states = await self._states(due)
         except errors.SlurmError as e:
@@ -247,7 +251,7 @@ class JobWatch(BackgroundLoop):
                         log.info("job %d: cannot read it (%s); trying again later", job_id, e)
                         self._schedule(job_id, self.max_interval)
                         return
-            if job_id in self._next:
+            if job_id in self._next and self._next[job_id] >= unmoved.get(job_id, 0.0):
                 self._reschedule(job_id, job)
 
         await asyncio.gather(*(one(j) for j in due))
