@@ -160,10 +160,13 @@ class Install:
         path.write_text(yaml.safe_dump(values))
         return str(path)
 
-    def slurm_values(self, *, batch_labels: dict[str, str] | None = None) -> JSON:
+    def slurm_values(
+        self, *, batch_labels: dict[str, str] | None = None, extra: bool = True
+    ) -> JSON:
         """The slurm chart's values for the test bed: slurmctld state on the test's hostPath
         PV, one NodeSet for batch jobs, one pinned to the bridge's node (its Slurm partition
-        is the bridge's)."""
+        is the bridge's), and (`extra`) one more that an upgrade removes."""
+        extra_nodesets: list[JSON] = [{"name": "extra", "replicas": 1}] if extra else []
         return {
             "image": {**image("slurm"), "pullPolicy": "IfNotPresent"},
             "operator": {
@@ -192,6 +195,7 @@ class Install:
                         "nodeSelector": {"kubernetes.io/hostname": self.bridge_node},
                         "partition": {"name": "slurm-bridge"},
                     },
+                    *extra_nodesets,
                 ],
             },
         }
@@ -234,7 +238,7 @@ class Install:
         return left
 
 
-async def submit(install: Install, partition: str, seconds: int) -> int:
+async def submit(install: Install, partition: str, seconds: int, *options: str) -> int:
     out = install.ctld(
         "sbatch",
         "--parsable",
@@ -243,6 +247,7 @@ async def submit(install: Install, partition: str, seconds: int) -> int:
         "-N1",
         "-o",
         "/dev/null",
+        *options,
         "--wrap",
         f"sleep {seconds}",
     )
@@ -524,6 +529,13 @@ async def test_helm_installs_operator_slurm_and_bridge_that_run_jobs_upgrade_and
     ctld_before = (await i.pods(i.slurm_ns, "app.kubernetes.io/component=controller"))[0]
     job = await submit(i, "batch", 30)
     busy_pod = (await running(i, job))["NodeList"]
+    # The upgrade also removes NodeSet `extra` while a job runs in its partition and one
+    # waits there: its partition stays until both ran (slurm.conf does not change, so
+    # slurmctld does not restart), then the NodeSet and its partition go.
+    await idle_nodes(i, "extra", 1)
+    extra_running = await submit(i, "extra", 15, "--exclusive")
+    await running(i, extra_running)
+    extra_queued = await submit(i, "extra", 1, "--exclusive")
     start = time.monotonic()
     await i.helm(
         "upgrade",
@@ -532,7 +544,7 @@ async def test_helm_installs_operator_slurm_and_bridge_that_run_jobs_upgrade_and
         "-n",
         i.slurm_ns,
         "-f",
-        i.values_file("slurm2", i.slurm_values(batch_labels={"rev": "2"})),
+        i.values_file("slurm2", i.slurm_values(batch_labels={"rev": "2"}, extra=False)),
         "--wait",
         "--timeout",
         "4m",
@@ -555,6 +567,19 @@ async def test_helm_installs_operator_slurm_and_bridge_that_run_jobs_upgrade_and
     assert f"ValidatingAdmissionPolicy '{policy}'" in refused.stderr, refused.stderr
     assert f"Slurm node {busy_pod} runs jobs" in refused.stderr, refused.stderr
     await completed(i, job)
+    await completed(i, extra_running)
+    await completed(i, extra_queued)
+
+    async def extra_gone() -> bool:
+        try:
+            await kube.get(NODESETS, i.nodeset("extra"), i.slurm_ns)
+        except rest.ApiError as e:
+            if e.not_found:
+                return "extra" not in i.ctld("sinfo", "-h", "-o", "%R").split()
+            raise
+        return False
+
+    await wait_for(extra_gone, timeout=120, interval=1, what="NodeSet extra and its partition gone")
 
     async def rolled() -> list[JSON] | None:
         pods = await i.pods(i.slurm_ns, f"nodeset.slinky.slurm.net/name={i.nodeset('batch')}")

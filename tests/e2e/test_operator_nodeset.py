@@ -90,8 +90,8 @@ async def test_scale_out_from_zero_registers_idle_nodes_with_the_nodeset_feature
 async def test_scale_in_drains_idle_first_and_waits_for_the_running_job(env: Env) -> None:
     await env.kube.create(NODESETS, nodeset_manifest("shrink", 3), env.namespace)
     await wait_idle_nodes(env, "shrink", 3)
-    # Long enough to outlast the idle poll below and both scale steps.
-    job = await env.submit("shrink", 60)
+    # Long enough to outlast the idle poll below (5 s) and both scale steps.
+    job = await env.submit("shrink", 30)
     busy = await env.running_on(job)
 
     async def protected() -> bool:
