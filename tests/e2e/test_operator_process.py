@@ -12,14 +12,19 @@ import sys
 import uuid
 from pathlib import Path
 
+import httpx2
 import pytest
 import yaml
 
 from slinky.kube import rest
 from slinky_testbed.bed import Testbed
 from slinky_testbed.waiting import wait_for
+from tests.e2e.bridge_fixtures import issue_serving_cert, make_ca
 from tests.e2e.operator_fixtures import (
+    RBAC_RES,
+    REPO,
     OperatorProcess,
+    apply_file,
     operator_kubeconfig,
     start_operator,
     wait_ready,
@@ -174,3 +179,75 @@ async def test_a_leader_cut_off_from_the_apiserver_stops_before_the_next_one_act
 
 async def _logged(op: OperatorProcess, text: str) -> bool:
     return first_time(op.log_path, text) is not None
+
+
+async def test_secure_metrics_answer_only_a_token_allowed_to_get_them(
+    kube: rest.Kube, testbed: Testbed, crds: None, namespace: str, tmp_path: Path
+) -> None:
+    """--metrics-secure=true: /metrics over HTTPS, to a bearer token the apiserver
+    authenticates and whose user may get /metrics (config/rbac/metrics_reader_role.yaml,
+    bound here to ServiceAccount prometheus); the probes stay plain HTTP."""
+    make_ca(tmp_path / "ca")
+    issue_serving_cert(tmp_path / "ca", tmp_path / "certs")
+    await apply_file(kube, REPO / "config" / "rbac" / "metrics_reader_role.yaml")
+    tokens: dict[str, str] = {}
+    for sa in ("prometheus", "someone"):
+        await kube.create(RBAC_RES["ServiceAccount"], {"metadata": {"name": sa}}, namespace)
+        tr = await kube.request(
+            "POST",
+            RBAC_RES["ServiceAccount"].path(namespace, sa, "token"),
+            body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {}},
+        )
+        tokens[sa] = tr["status"]["token"]
+    binding = f"e2e-metrics-reader-{namespace}"[:63]
+    await kube.create(
+        RBAC_RES["ClusterRoleBinding"],
+        {
+            "metadata": {"name": binding},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "slinky-metrics-reader",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": namespace}],
+        },
+    )
+    kubeconfig = await operator_kubeconfig(kube, testbed, tmp_path / "kubeconfig")
+    op = start_operator(
+        kubeconfig,
+        tmp_path / "op.log",
+        "--metrics-secure=true",
+        f"--metrics-cert-path={tmp_path / 'certs'}",
+        "--namespace=e2e-metrics-nothing-here",
+        f"--leader-election-id=e2e-metrics-{uuid.uuid4().hex[:6]}",
+    )
+    try:
+        await wait_ready(op)  # the probes: plain HTTP
+        url = op.metrics_url.replace("http://", "https://") + "/metrics"
+        ca = str(tmp_path / "ca" / "ca.crt")
+
+        async def scrape(token: str | None) -> httpx2.Response:
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            async with httpx2.AsyncClient(verify=ca, timeout=10) as http:
+                return await http.get(url, headers=headers)
+
+        assert (await scrape(None)).status_code == 401
+        assert (await scrape("not-a-token")).status_code == 401
+
+        async def allowed() -> httpx2.Response | None:  # the binding may take a moment
+            got = await scrape(tokens["prometheus"])
+            return got if got.status_code == 200 else None
+
+        got = await wait_for(allowed, timeout=30, what="prometheus reads /metrics")
+        assert "controller_runtime_reconcile_total" in got.text
+        refused = await scrape(tokens["someone"])
+        assert refused.status_code == 403, refused.text
+        assert "may not get /metrics" in refused.text
+        with pytest.raises(httpx2.HTTPError):  # no plain HTTP on that port
+            async with httpx2.AsyncClient(timeout=5) as http:
+                await http.get(op.metrics_url + "/metrics")
+    finally:
+        code = op.stop()
+        with contextlib.suppress(rest.ApiError):
+            await kube.delete(RBAC_RES["ClusterRoleBinding"], binding)
+    assert code == 0, op.log_tail()

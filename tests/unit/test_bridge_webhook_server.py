@@ -17,9 +17,9 @@ from slinky.bridge.admission.server import (
     VALIDATE_PATH,
     AdmissionHandlers,
     AdmissionServer,
-    ServingCertificate,
 )
 from slinky.bridge.config import parse_config
+from slinky.kube.tls import ServingCertificate
 
 
 def self_signed(directory: Path, name: str) -> tuple[Path, Path]:

@@ -34,7 +34,7 @@ from slinky.bridge.nodes.component import NodeComponent
 from slinky.bridge.runtime import Component, Context
 from slinky.bridge.scheduler.component import SchedulerComponent
 from slinky.bridge.workload.component import WorkloadComponent
-from slinky.kube import flags, logs, rest
+from slinky.kube import flags, logs, rest, serving
 from slinky.kube.leader import LeaderElector, LeadershipLost
 from slinky.kube.serving import ProbeServer
 
@@ -99,6 +99,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     flags.add_duration(p, "--leader-election-renew-deadline", default="10s")
     flags.add_duration(p, "--leader-election-retry-period", default="2s")
     p.add_argument("--metrics-bind-address", default=":8080", help='"0" disables')
+    serving.add_metrics_flags(p)
     p.add_argument("--health-probe-bind-address", default=":8081", help='"0" disables')
     p.add_argument("--webhook-bind-address", default=":9443", help="the webhook's HTTPS address")
     p.add_argument(
@@ -141,7 +142,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-format", default="text", choices=["text", "json"])
     p.add_argument("--version", action="version", version=f"slurm-bridge {__version__}")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    serving.check_metrics_flags(p, args)
+    return args
 
 
 def own_namespace(args: argparse.Namespace) -> str:
@@ -192,7 +195,8 @@ class Bridge:
             namespace=own_namespace(args),
         )
         self.components = [COMPONENTS[name](self.ctx) for name in args.components]
-        self.server = ProbeServer()
+        tls, access = serving.metrics_protection(args, kube)
+        self.server = ProbeServer(metrics_tls=tls, metrics_access=access)
         self.server.add_health_check("ping", lambda: True)
         for component in self.components:
             component.add_checks(self.server)

@@ -1,24 +1,90 @@
-"""HTTP endpoints for operations: /metrics (Prometheus), /healthz and /readyz."""
+"""HTTP endpoints for operations: /metrics (Prometheus), /healthz and /readyz.
+
+`/metrics` may be served securely (`--metrics-secure`, as controller-runtime's
+`--metrics-secure`): over HTTPS with the certificate in `--metrics-cert-path`, to bearer
+tokens allowed to `get /metrics` (see `metricsauth`). The probes stay plain HTTP (the kubelet
+calls them), so they need an address of their own then.
+"""
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
+from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+from slinky.kube import flags, rest
+from slinky.kube.metricsauth import MetricsAccess
+from slinky.kube.tls import ServingCertificate
+
 Check = Callable[[], bool]
+
+
+def add_metrics_flags(p: argparse.ArgumentParser) -> None:
+    """`--metrics-secure` and where its certificate is, as kubebuilder's scaffold names them."""
+    flags.add_bool(
+        p,
+        "--metrics-secure",
+        default=False,
+        help="serve /metrics over HTTPS, only to bearer tokens allowed to get /metrics "
+        "(TokenReview + SubjectAccessReview); needs --metrics-cert-path",
+    )
+    p.add_argument(
+        "--metrics-cert-path",
+        default="",
+        help="directory of the /metrics serving certificate and key (read again on change)",
+    )
+    p.add_argument("--metrics-cert-name", default="tls.crt")
+    p.add_argument("--metrics-cert-key", default="tls.key")
+
+
+def check_metrics_flags(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exit 2 naming the flag when secure metrics cannot be served as asked."""
+    if not args.metrics_secure:
+        return
+    if not args.metrics_cert_path:
+        p.error("--metrics-cert-path: required by --metrics-secure=true (tls.crt and tls.key)")
+    for name in (args.metrics_cert_name, args.metrics_cert_key):
+        if not (Path(args.metrics_cert_path) / name).is_file():
+            p.error(f"--metrics-cert-path: {Path(args.metrics_cert_path) / name}: no such file")
+    if args.metrics_bind_address not in ("", "0") and (
+        args.metrics_bind_address == args.health_probe_bind_address
+    ):
+        p.error(
+            "--metrics-bind-address: must differ from --health-probe-bind-address with "
+            "--metrics-secure=true (the probes stay plain HTTP for the kubelet)"
+        )
+
+
+def metrics_protection(
+    args: argparse.Namespace, kube: rest.Kube
+) -> tuple[ServingCertificate | None, MetricsAccess | None]:
+    """The certificate and the access check of secure metrics (None, None: plain HTTP)."""
+    if not args.metrics_secure:
+        return None, None
+    directory = Path(args.metrics_cert_path)
+    cert = ServingCertificate(directory / args.metrics_cert_name, directory / args.metrics_cert_key)
+    return cert, MetricsAccess(kube)
 
 
 class ProbeServer:
     """Serves metrics and probes on one or two addresses (like controller-runtime's
     `--metrics-bind-address` and `--health-probe-bind-address`)."""
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        metrics_tls: ServingCertificate | None = None,
+        metrics_access: MetricsAccess | None = None,
+    ) -> None:
         self.health_checks: dict[str, Check] = {}
         self.ready_checks: dict[str, Check] = {}
         self._runners: list[web.AppRunner] = []
         self.ports: dict[str, int] = {}
+        self.metrics_tls = metrics_tls
+        self.metrics_access = metrics_access
 
     def add_health_check(self, name: str, check: Check) -> None:
         self.health_checks[name] = check
@@ -26,7 +92,11 @@ class ProbeServer:
     def add_ready_check(self, name: str, check: Check) -> None:
         self.ready_checks[name] = check
 
-    async def _metrics(self, _req: web.Request) -> web.Response:
+    async def _metrics(self, req: web.Request) -> web.Response:
+        if self.metrics_access is not None:
+            decision = await self.metrics_access.decide(req.headers.get("Authorization"))
+            if decision.status != 200:
+                return web.Response(status=decision.status, text=decision.reason + "\n")
         return web.Response(
             body=generate_latest(REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST}
         )
@@ -66,14 +136,25 @@ class ProbeServer:
             runner = web.AppRunner(app, access_log=None)
             await runner.setup()
             host, _, port = addr.rpartition(":")
-            site = web.TCPSite(runner, host or "0.0.0.0", int(port))
+            secure = self.metrics_tls is not None and addr == metrics_addr
+            site = web.TCPSite(
+                runner,
+                host or "0.0.0.0",
+                int(port),
+                ssl_context=self.metrics_tls.context if secure and self.metrics_tls else None,
+            )
             await site.start()
             bound = runner.addresses[0][1] if runner.addresses else int(port)
             for path, _ in handlers:
                 self.ports[path] = int(bound)
             self._runners.append(runner)
 
+        if self.metrics_tls is not None and metrics_addr and metrics_addr != "0":
+            self.metrics_tls.start()
+
     async def stop(self) -> None:
+        if self.metrics_tls is not None:
+            await self.metrics_tls.stop()
         for r in self._runners:
             await r.cleanup()
         self._runners = []

@@ -20,7 +20,7 @@ from pathlib import Path
 from prometheus_client import REGISTRY
 
 from slinky import __version__
-from slinky.kube import events, flags, logs, rest
+from slinky.kube import events, flags, logs, rest, serving
 from slinky.kube.controller import Controller, run_all
 from slinky.kube.informer import InformerFactory, InformerObjects
 from slinky.kube.leader import LeaderElector, LeadershipLost
@@ -67,6 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     flags.add_duration(p, "--leader-election-renew-deadline", default="10s")
     flags.add_duration(p, "--leader-election-retry-period", default="2s")
     p.add_argument("--metrics-bind-address", default=":8080", help='"0" disables')
+    serving.add_metrics_flags(p)
     p.add_argument("--health-probe-bind-address", default=":8081", help='"0" disables')
     p.add_argument("--cluster-workers", type=int, default=1)
     p.add_argument("--nodeset-workers", type=int, default=4)
@@ -128,7 +129,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--log-format", default="text", choices=["text", "json"])
     p.add_argument("--version", action="version", version=f"slurm-operator {__version__}")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    serving.check_metrics_flags(p, args)
+    return args
 
 
 def lease_namespace(args: argparse.Namespace) -> str:
@@ -151,7 +154,8 @@ class Operator:
         self.recorder = events.EventRecorder(
             self.kube, controller="slinky.slurm.net/slurm-operator", instance=self.identity
         )
-        self.server = ProbeServer()
+        tls, access = serving.metrics_protection(args, self.kube)
+        self.server = ProbeServer(metrics_tls=tls, metrics_access=access)
         self.controllers: list[Controller] = []
         self.leading = False
         self.metrics = SlurmMetrics(self.clients)

@@ -7,11 +7,12 @@ import asyncio
 import logging
 from pathlib import Path
 
-from slinky.bridge.admission.server import AdmissionHandlers, AdmissionServer, ServingCertificate
+from slinky.bridge.admission.server import AdmissionHandlers, AdmissionServer
 from slinky.bridge.namespaces import ManagedNamespaces
 from slinky.bridge.runtime import Context
 from slinky.kube.informer import InformerFactory
 from slinky.kube.serving import ProbeServer
+from slinky.kube.tls import ServingCertificate
 
 log = logging.getLogger(__name__)
 
