@@ -383,6 +383,41 @@ async def test_a_member_leaving_while_the_others_are_bound_waits_for_the_binding
     assert kube.bound == {"ns/g-0": "n1", "ns/g-1": "n2"}
 
 
+async def test_a_cancel_that_fails_when_a_group_is_abandoned_is_retried() -> None:
+    """The waiting pods lose the job's label first, so no pod leads back to the job: a
+    failed cancel is owed by the scheduler and retried, not lost."""
+    sync, slurm, _kube, pods = gang_setup(2)
+    job_id = await submitted_group(sync, slurm, pods)
+    slurm.refuse_cancel = True
+    pods.delete("ns/g-0")
+    await sync.reconcile("ns/g-0")
+    assert job_label(pods.get("ns/g-1")) is None and sync.to_cancel == {job_id}
+    slurm.refuse_cancel = False
+    sync._cancel_tried = 0.0
+    await sync.reconcile("ns/g-1")
+    assert slurm.cancelled == [job_id]
+
+
+def test_a_group_whose_pods_would_run_as_different_users_is_refused() -> None:
+    config = parse_config(
+        {
+            "partition": "bridge",
+            "schedulerName": "s1",
+            "policy": {
+                "namespaces": {
+                    "ns": {"serviceAccounts": {"trainer": {"users": ["alice"], "groups": ["a"]}}}
+                }
+            },
+        }
+    )
+    pods = group_pods(2)
+    pods[0]["spec"]["serviceAccountName"] = "trainer"
+    group = Group("PodGroup/ns/g", "PodGroup", 2, {"metadata": {"name": "g"}}, "ns/g")
+    with pytest.raises(placeholder.PlaceholderProblem) as e:
+        groups.job_description(pods, group, config)
+    assert e.value.reason == "PolicyDenied" and "different Slurm users" in e.value.message
+
+
 # ---------------------------------------------------------------- the workload controller
 
 

@@ -113,3 +113,18 @@ def test_a_bad_policy_is_refused_naming_the_key(policy: Any, key: str) -> None:
     with pytest.raises(ConfigError) as e:
         parse_config({"policy": policy})
     assert e.value.key == key, str(e.value)
+
+
+def test_a_rule_that_lists_its_own_accounts_does_not_inherit_a_default_account() -> None:
+    config = parse_config(
+        {
+            "policy": {
+                "default": {"accounts": ["general"], "defaultAccount": "general"},
+                "namespaces": {"a": {"accounts": ["physics"]}, "b": {"qos": ["high"]}},
+            }
+        }
+    )
+    assert decide(config.policy.rule_for("a"), {}, partition="p").account is None
+    assert decide(config.policy.rule_for("b"), {}, partition="p").account == "general"
+    with pytest.raises(PolicyDenied):
+        decide(config.policy.rule_for("a"), ann(account="general"), partition="p")

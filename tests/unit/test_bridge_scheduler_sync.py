@@ -43,6 +43,8 @@ class FakeSlurm:
         self.tokens = SimpleNamespace(user="slurm")  # the bridge's own
         self.allocated_as: list[str] = []
         self.refuse_update = False
+        self.unknown_users: set[str] = set()
+        self.allocate_answer_lost = False
 
     def new_id(self) -> int:
         """Slurm never gives an id twice, also after a job was purged."""
@@ -67,6 +69,8 @@ class FakeSlurm:
         self.allocated_as.append((tokens or self.tokens).user)
         if self.allocate_missing:
             raise errors.SlurmEndpointMissing("HTTP 404", status=404)
+        if (tokens or self.tokens).user in self.unknown_users:
+            raise errors.SlurmAuthError("HTTP 401: user unknown to slurmctld")
         job_id = self.new_id()
         if self.free_node is None:
             self.jobs[job_id] = {**desc, "job_id": job_id, "job_state": ["FAILED"], "nodes": ""}
@@ -77,6 +81,8 @@ class FakeSlurm:
             "job_state": ["RUNNING"],
             "nodes": self.free_node,
         }
+        if self.allocate_answer_lost:
+            raise errors.SlurmUnavailable("connection reset")
         return job_id
 
     async def get_job(self, job_id: int) -> Job:
@@ -555,6 +561,53 @@ async def test_a_pod_that_picks_another_user_or_asks_a_priority_is_submitted() -
         await sync.reconcile(f"ns/{name}")
     assert slurm.allocations == 0
     assert sorted(j["user_id"] for j in slurm.jobs.values()) == ["1000", "1001"]
+
+
+async def test_an_allocation_whose_answer_was_lost_is_cancelled_not_left_running() -> None:
+    """slurmctld allocated the job as the pod's user, the answer never came back: the job
+    carries the mark only in `comment`, so the look for the pod's job cancels it (nothing
+    ran there) and the pod gets another job."""
+    sync, slurm, _kube, pods = setup()
+    idle(sync, "n1", "n2")
+    slurm.free_node = "n2"
+    slurm.allocate_answer_lost = True
+    pods.upsert(make_pod("p", "u1"))
+    with contextlib.suppress(errors.SlurmUnavailable):
+        await sync.reconcile("ns/p")
+    (lost,) = slurm.jobs
+    slurm.allocate_answer_lost = False
+    for _ in range(2):
+        await sync.reconcile("ns/p")
+    assert slurm.cancelled == [lost]
+    (other,) = live(slurm)
+    assert job_label(pods.get("ns/p")) == str(other)
+
+
+async def test_a_cancel_that_fails_is_owed_and_retried_until_slurm_takes_it() -> None:
+    sync, slurm, _kube, pods = setup()
+    idle(sync, "n1", "n2")
+    slurm.free_node = "n2"
+    slurm.refuse_update = slurm.refuse_cancel = True
+    pods.upsert(make_pod("p", "u1"))
+    await sync.reconcile("ns/p")  # allocated, not marked, not cancelled: submitted instead
+    (allocated, _submitted) = sorted(slurm.jobs)
+    assert slurm.cancelled == [] and sync.to_cancel == {allocated}
+    slurm.refuse_cancel = False
+    sync._cancel_tried = 0.0  # the retry interval passed
+    await sync.reconcile("ns/p")
+    assert slurm.cancelled == [allocated] and sync.to_cancel == set()
+
+
+async def test_a_user_slurmctld_refuses_to_act_as_is_submitted_and_not_tried_again_soon() -> None:
+    sync, slurm, _kube, pods = setup()
+    idle(sync, "n1", "n2")
+    slurm.free_node = "n2"
+    slurm.unknown_users = {"65534"}
+    for name in ("p", "q"):
+        pods.upsert(make_pod(name, f"u-{name}"))
+        await sync.reconcile(f"ns/{name}")
+    assert slurm.allocations == 1  # asked once, then remembered
+    assert len(live(slurm)) == 2 and all(slurm.job(j).is_pending for j in live(slurm))
 
 
 async def test_a_refused_allocation_is_submitted_instead_and_leaves_one_live_job() -> None:

@@ -4,6 +4,7 @@ finished, deleted or running pod does to its placeholder job, and what it costs 
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
@@ -14,6 +15,7 @@ from slinky.bridge.labels import FINALIZER, SLURM_JOBID
 from slinky.bridge.workload.sync import (
     BY_JOB,
     REVIVED_PREFIX,
+    UNCONFIRMED_PREFIX,
     WorkloadSync,
     index_job,
     unconfirmed,
@@ -203,3 +205,29 @@ async def test_a_pod_that_only_carries_the_job_id_in_a_label_does_not_keep_the_j
     sync.watch.jobs.pop(7, None)
     await sync.reconcile("elsewhere/forged")
     assert kube.deleted == []
+
+
+async def test_an_allocation_never_marked_as_ours_is_cancelled_once_no_scheduler_can_mark_it() -> (
+    None
+):
+    """Found at start: a young one may be being marked right now (the scheduler of another
+    replica), so it is looked at again after the grace; an old one is cancelled."""
+    sync, slurm, _kube, _pods, _changed = setup()
+    mark = placeholder.admin_comment([make_pod("x", "ux")], CONFIG)
+    now = time.time()
+    for job_id, age in ((20, 5.0), (21, 600.0)):
+        slurm.jobs[job_id] = {
+            "job_id": job_id,
+            "job_state": ["RUNNING"],
+            "nodes": "n2",
+            "comment": mark,
+            "submit_time": {"set": True, "number": int(now - age)},
+        }
+    queued: list[str] = []
+    sync.enqueue = queued.append
+    await sync.cancel_orphans()
+    assert sorted(queued) == [f"{UNCONFIRMED_PREFIX}20", f"{UNCONFIRMED_PREFIX}21"]
+    young = await sync.reconcile(f"{UNCONFIRMED_PREFIX}20")
+    assert young.requeue_after is not None and 50 <= young.requeue_after <= 56
+    await sync.reconcile(f"{UNCONFIRMED_PREFIX}21")
+    assert slurm.cancelled == [21]

@@ -298,6 +298,10 @@ def _rule(
             "(root's) otherwise",
         )
     given = {_RULE_KEYS[k][0]: v for k, v in parts.items() if k in _RULE_KEYS}
+    # A rule that lists its own accounts (QOS) does not inherit a default it did not list.
+    for listed, default in (("accounts", "default_account"), ("qos", "default_qos")):
+        if listed in given and default not in given:
+            given[default] = ""
     rest = {k: v for k, v in parts.items() if k not in _RULE_KEYS}
     return merged(base, given, key), rest
 

@@ -193,6 +193,10 @@ def with_root_annotations(pod: JSON, root: JSON) -> JSON:
     return {**pod, "metadata": {**_meta(pod), "annotations": annotations}}
 
 
+# What the tenancy policy decides of a job: every pod of a group must agree on it.
+IDENTITY_FIELDS = ("user_id", "group_id", "account", "qos", "partition", "reservation", "priority")
+
+
 def allocation_user(pods: list[JSON], group: Group, config: BridgeConfig) -> str | None:
     """Whom to ask an immediate allocation of the group's job as (see
     `placeholder.allocation_user`): the job is described as its first pod in rank order."""
@@ -208,6 +212,14 @@ def job_description(pods: list[JSON], group: Group, config: BridgeConfig) -> JSO
     described = [
         placeholder.job_description(with_root_annotations(p, group.root), config) for p in ordered
     ]
+    identities = {tuple(str(d.get(f, "")) for f in IDENTITY_FIELDS) for d in described}
+    if len(identities) > 1:
+        raise placeholder.PlaceholderProblem(
+            "PolicyDenied",
+            f"{group.describe()}: its pods would run as different Slurm users, groups or "
+            f"accounts ({', '.join(IDENTITY_FIELDS)} differ, e.g. by ServiceAccount): one "
+            "job cannot; give every pod of the group the same ServiceAccount",
+        )
     job = dict(described[0])
     n = len(ordered)
     root_annotations = _meta(group.root).get("annotations") or {}

@@ -16,6 +16,8 @@ import logging
 import time
 from dataclasses import dataclass
 
+import httpx2
+
 from slinky.kube import rest
 
 log = logging.getLogger(__name__)
@@ -24,6 +26,7 @@ TOKEN_REVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
 CACHE_S = 60.0
 MAX_CACHED = 1024
+REVIEW_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,7 @@ class MetricsAccess:
             return cached[1]
         try:
             decision = await self._review(token.strip())
-        except rest.ApiError as e:
+        except (rest.ApiError, httpx2.HTTPError) as e:
             log.info("cannot review a /metrics token now: %s", e)
             return Decision(503, "the apiserver did not answer the token review; try again")
         if len(self._cache) >= MAX_CACHED:
@@ -67,6 +70,7 @@ class MetricsAccess:
         review = await self.kube.request(
             "POST",
             TOKEN_REVIEWS,
+            timeout=REVIEW_TIMEOUT_S,
             body={
                 "apiVersion": "authentication.k8s.io/v1",
                 "kind": "TokenReview",
@@ -81,6 +85,7 @@ class MetricsAccess:
         access = await self.kube.request(
             "POST",
             ACCESS_REVIEWS,
+            timeout=REVIEW_TIMEOUT_S,
             body={
                 "apiVersion": "authorization.k8s.io/v1",
                 "kind": "SubjectAccessReview",

@@ -375,6 +375,9 @@ class GangScheduler:
         controller deletes the pods of an ended job, and these are not done: they wait for
         a whole group again), then the job is cancelled and the pods are looked at again."""
         others = self.waiting(group)
+        # Owed from now on: once the labels are gone no pod leads back to the job, so a
+        # cancel that fails is retried from the scheduler's own list.
+        self.sync.to_cancel.add(job_id)
         for p in others:
             if (
                 podcontrol.job_id_of(p) == job_id
@@ -383,10 +386,10 @@ class GangScheduler:
                 await unlabel(self.sync.kube, p)
                 self.sync.submitted.pop(str(p["metadata"]["uid"]), None)
                 self.sync.unlabelled.pop(placeholder.pod_key(p), None)
-        await self.sync.slurm.client.cancel_job(job_id)
-        self.sync.watch.untrack(job_id)
+        await self.sync.cancel_pending_cancels()
         log.info(
-            "job %d: cancelled: %s before its pods were bound; the group waits for %d pods again",
+            "job %d: cancelling it: %s before its pods were bound; the group waits for %d pods "
+            "again",
             job_id,
             why,
             group.size,

@@ -46,6 +46,7 @@ from slinky.bridge.nodes.controller import BY_SLURM_NAME
 from slinky.bridge.nudge import nudge
 from slinky.bridge.scheduler import exclusion, immediate
 from slinky.bridge.scheduler.gang import GangScheduler
+from slinky.bridge.workload import sync as workload_sync
 from slinky.kube import events, rest
 from slinky.kube.controller import DONE, Result
 from slinky.kube.informer import Informer
@@ -57,6 +58,10 @@ log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 REJECT_BACKOFF_S = 2.0
+# Retrying the cancellations the scheduler owes (`to_cancel`): at most this often.
+CANCEL_RETRY_S = 10.0
+# A Slurm user whose minted tokens slurmctld refused is not allocated as for this long.
+REFUSED_USER_S = 300.0
 DEMAND_KEY = "bridge-scheduler"
 REJECT_BACKOFF_MAX_S = 300.0
 NO_NODE_RECHECK_S = 5.0
@@ -179,8 +184,14 @@ class SchedulerSync:
         # Keys of pods found labelled with a job at start and not placed since: their jobs
         # may wait in Slurm (made by the replica before this one).
         self.unseen: set[str] = set()
-        # Jobs allocated as their user that could not be marked as ours: to cancel.
-        self.unconfirmed: set[int] = set()
+        # Jobs this scheduler must cancel and could not yet (an allocation it could not mark
+        # as ours, a group's job it abandoned): retried until slurmrestd answers.
+        self.to_cancel: set[int] = set()
+        self._cancel_tried = 0.0
+        # Jobs allocated as their user whose admin_comment is being written right now.
+        self.confirming: set[int] = set()
+        # Slurm users whose minted tokens slurmctld refused: not allocated as, for a while.
+        self.refused_users: dict[str, float] = {}
 
     # ------------------------------------------------------------ which pods
 
@@ -210,6 +221,8 @@ class SchedulerSync:
 
     async def reconcile(self, key: str) -> Result:
         """Submit, label, place: whichever step the pod is at."""
+        if self.to_cancel and time.monotonic() - self._cancel_tried > CANCEL_RETRY_S:
+            await self.cancel_pending_cancels()
         try:
             return await self.schedule(key)
         finally:
@@ -320,8 +333,15 @@ class SchedulerSync:
         jobs, _ = await self.slurm.client.list_jobs()
         found: dict[str, int] = {}
         for job in jobs or []:
+            if job.is_finished:
+                continue
+            if workload_sync.unconfirmed(job, self.config) and job.job_id not in self.confirming:
+                # An allocation whose answer was lost before it was marked as ours: its pod
+                # gets another job; this one ran nothing.
+                await self.cancel_later(job.job_id)
+                continue
             comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
-            if job.is_finished or comment is None:
+            if comment is None:
                 continue
             if not comment.made_by(self.config):
                 continue
@@ -409,8 +429,8 @@ class SchedulerSync:
         enough `allowed` nodes look free (see `immediate`) and the bridge can ask as the
         job's Slurm user `as_user` (None: it may not), else submitted to wait for Slurm's
         pass. Raises what `submit_job` raises."""
-        await self.cancel_unconfirmed()
-        tokens = self.slurm.tokens_for(as_user) if as_user is not None else None
+        await self.cancel_pending_cancels()
+        tokens = self.allocation_tokens(as_user)
         if (
             tokens is not None
             and self.allocate_at_once
@@ -423,6 +443,13 @@ class SchedulerSync:
         job_id = await self.slurm.client.submit_job(desc)
         JOBS_CREATED.labels("submitted").inc()
         return job_id
+
+    def allocation_tokens(self, user: str | None) -> TokenProvider | None:
+        """Tokens to ask an allocation as `user` (see `create_job`), or None: not that user,
+        or one whose tokens slurmctld refused lately."""
+        if user is None or self.refused_users.get(user, 0.0) > time.monotonic():
+            return None
+        return self.slurm.tokens_for(user)
 
     def pending_in(self, partition: str) -> bool:
         """Whether a placeholder job of ours waits in `partition`: Slurm would refuse a
@@ -477,29 +504,42 @@ class SchedulerSync:
     async def confirm(self, job_id: int, desc: JSON) -> bool:
         """A job allocated as its own user carries the bridge's mark only in `comment` (a
         user may not set admin_comment, which alone the bridge trusts): the bridge writes
-        admin_comment as administrator now. False: not written, the job is cancelled (or
-        will be, see `cancel_unconfirmed`) and the pod submitted instead."""
+        admin_comment as administrator now. False: not written, the job is cancelled (now,
+        or later: `cancel_pending_cancels`) and the pod submitted instead."""
+        self.confirming.add(job_id)
         try:
             await self.slurm.client.update_job(job_id, {"admin_comment": desc["admin_comment"]})
             return True
         except errors.SlurmError as e:
             log.info("job %d: allocated but not marked as ours (%s); cancelling it", job_id, e)
-        self.unconfirmed.add(job_id)
-        await self.cancel_unconfirmed()
+        except BaseException:
+            self.to_cancel.add(job_id)  # interrupted: whether it was marked is not known
+            raise
+        finally:
+            self.confirming.discard(job_id)
+        await self.cancel_later(job_id)
         return False
 
-    async def cancel_unconfirmed(self) -> None:
-        """Cancel the allocated jobs `confirm` could not mark (retried at each new job until
-        slurmrestd answers; a leader that died in between leaves them to the next one's
-        start, see `workload.sync.cancel_orphans`)."""
-        for job_id in sorted(self.unconfirmed):
+    async def cancel_later(self, job_id: int) -> None:
+        """Cancel `job_id` now, or keep retrying (see `cancel_pending_cancels`)."""
+        self.to_cancel.add(job_id)
+        await self.cancel_pending_cancels()
+
+    async def cancel_pending_cancels(self) -> None:
+        """Cancel the jobs this scheduler must cancel (`to_cancel`); tried at each new job
+        and, while any is left, at a reconcile at most every CANCEL_RETRY_S. A leader that
+        dies with some left leaves an allocation never marked as ours to the workload
+        controller (`workload.sync.unconfirmed`)."""
+        self._cancel_tried = time.monotonic()
+        for job_id in sorted(self.to_cancel):
             try:
                 await self.slurm.client.cancel_job(job_id)
             except errors.SlurmNotFound:
                 pass
             except errors.SlurmError:
                 return
-            self.unconfirmed.discard(job_id)
+            self.to_cancel.discard(job_id)
+            self.watch.untrack(job_id)
 
     async def ask_allocation(self, desc: JSON, tokens: TokenProvider) -> int | None:
         """`job/allocate` with immediate, as `tokens`' user: the job id, or None when Slurm
@@ -510,7 +550,15 @@ class SchedulerSync:
             log.info("slurmrestd has no job/allocate: placeholder jobs are submitted only")
             self.allocate_at_once = False
             return None
-        except (errors.SlurmUnavailable, errors.SlurmAuthError):
+        except errors.SlurmAuthError as e:
+            if tokens is self.slurm.client.tokens:
+                raise  # the bridge's own credentials: nothing works, retried with backoff
+            # slurmctld refuses to act as that user (unknown to it, say): submitting as the
+            # bridge, with the user named in the job, still works.
+            self.refused_users[tokens.user] = time.monotonic() + REFUSED_USER_S
+            log.info("allocation as Slurm user %s refused (%s); submitting", tokens.user, e)
+            return None
+        except errors.SlurmUnavailable:
             raise
         except errors.SlurmError as e:
             IMMEDIATE_REFUSED.inc()

@@ -63,6 +63,7 @@ def build(
     )
     sync = WorkloadSync(kube, config=config, pods=pods, slurm=slurm, watch=watch, recorder=recorder)
     ctrl = Controller(NAME, sync, workers=workers)
+    sync.enqueue = ctrl.enqueue
 
     def remember_gone(pod: JSON) -> None:
         job_id = podcontrol.job_id_of(pod)

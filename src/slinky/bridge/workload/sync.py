@@ -31,12 +31,15 @@ A job the controller cancelled is followed until Slurm purges it (`JobWatch.
 follow_cancelled`); if slurmctld brings it back (a crash right after it acknowledged the
 cancel), `revived` cancels it again. `cancel_orphans` runs once at start: a live job of
 ours whose pods are all gone (confirmed by the apiserver, not only the cache) is cancelled,
-and so is a job allocated as its user that was never marked as ours (`unconfirmed`).
+and so is a job allocated as its user that was never marked as ours (`unconfirmed`), once it
+is old enough that no scheduler can be marking it (`abandoned_allocation`).
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from slinky.bridge import placeholder, podcontrol
@@ -48,13 +51,17 @@ from slinky.bridge.nudge import nudge
 from slinky.kube import events, rest
 from slinky.kube.controller import DONE, Result
 from slinky.kube.informer import Informer
-from slinky.slurm.models import Job
+from slinky.slurm.models import Job, number
 
 log = logging.getLogger(__name__)
 
 JSON = dict[str, Any]
 BY_JOB = "slurm-jobid"
 REVIVED_PREFIX = "revived-job:"  # work queue key of a cancelled job Slurm brought back
+UNCONFIRMED_PREFIX = "unconfirmed-job:"  # ... of an allocation never marked as ours
+# How old an allocation never marked as ours must be before it is taken for abandoned: the
+# scheduler marks its own within milliseconds of the allocation.
+UNCONFIRMED_GRACE_S = 60.0
 
 
 def index_job(pod: JSON) -> list[str]:
@@ -111,10 +118,13 @@ class WorkloadSync:
         self.recorder = recorder
         # Pod key -> job id of pods deleted from the cache, until reconciled.
         self.gone: dict[str, int] = {}
+        self.enqueue: Callable[[str], None] = lambda _key: None  # set by the controller
 
     async def reconcile(self, key: str) -> Result:
         if key.startswith(REVIVED_PREFIX):
             return await self.revived(int(key.removeprefix(REVIVED_PREFIX)))
+        if key.startswith(UNCONFIRMED_PREFIX):
+            return await self.abandoned_allocation(int(key.removeprefix(UNCONFIRMED_PREFIX)))
         pod = self.pods.store.get(key)
         if pod is None:
             return await self.pod_gone(key)
@@ -315,6 +325,22 @@ class WorkloadSync:
             await self.nudge_slurm()
         return DONE
 
+    async def abandoned_allocation(self, job_id: int) -> Result:
+        """A job allocated as its user and never marked as ours (`unconfirmed`), found at
+        start: cancelled once it is UNCONFIRMED_GRACE_S old and still unmarked (a scheduler
+        may be marking it this moment; one that died between the two requests never will).
+        No pod was ever bound to it."""
+        job = await self.watch.read(job_id)
+        if job is None or job.is_finished or not unconfirmed(job, self.config):
+            return DONE
+        submitted = number(job.raw.get("submit_time")) or 0
+        age = time.time() - submitted
+        if age < UNCONFIRMED_GRACE_S:
+            return Result(requeue_after=UNCONFIRMED_GRACE_S - age)
+        await self.slurm.client.cancel_job(job_id)
+        log.info("job %d: cancelled: allocated %.0fs ago, never marked as ours", job_id, age)
+        return DONE
+
     # ------------------------------------------------------------ start-up
 
     async def cancel_orphans(self) -> int:
@@ -326,9 +352,7 @@ class WorkloadSync:
             if job.is_finished:
                 continue
             if unconfirmed(job, self.config):
-                await self.slurm.client.cancel_job(job.job_id)
-                log.info("job %d: cancelled: allocated but never marked as ours", job.job_id)
-                cancelled += 1
+                self.enqueue(f"{UNCONFIRMED_PREFIX}{job.job_id}")  # see abandoned_allocation
                 continue
             comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
             if comment is None or not comment.made_by(self.config):
