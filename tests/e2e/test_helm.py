@@ -507,6 +507,34 @@ async def test_helm_installs_operator_slurm_and_bridge_that_run_jobs_upgrade_and
     logs = i.kubectl("-n", i.jobs_ns, "logs", "hello")
     assert logs.strip() == "hello from hello"
 
+    # ------------------------------------------------ the webhook outlives one replica's end
+    # Two replicas; one is deleted (as a drain or a rollout does) while pods keep being
+    # created in the managed namespace: none is refused (the terminating replica serves on
+    # until its endpoint left the Service).
+    webhook = f"app.kubernetes.io/instance={i.bridge_release},app.kubernetes.io/component=admission"
+    replicas = await i.pods(i.slurm_ns, webhook)
+    assert len(replicas) == 2, [p["metadata"]["name"] for p in replicas]
+    await kube.delete(rest.PODS, replicas[0]["metadata"]["name"], i.slurm_ns)
+    refused: list[str] = []
+    created = 0
+    until = time.monotonic() + 12
+    while time.monotonic() < until:
+        probe = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"generateName": "webhook-probe-"},
+            "spec": {"containers": [{"name": "c", "image": nodes.image_ref("slurm")}]},
+        }
+        try:
+            await kube.request(
+                "POST", rest.PODS.path(i.jobs_ns), params={"dryRun": "All"}, body=probe
+            )
+            created += 1
+        except rest.ApiError as e:
+            refused.append(str(e))
+        await asyncio.sleep(0.1)  # a steady trickle of creations across the replica's end
+    assert not refused, f"{len(refused)} of {created + len(refused)} refused: {refused[:3]}"
+
     i.timings["operator pod memory MiB"] = await i.memory_mib(
         i.operator_ns, f"app.kubernetes.io/instance={i.operator_release}"
     )

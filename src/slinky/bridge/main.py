@@ -111,6 +111,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--webhook-cert-key", default="tls.key")
     flags.add_duration(
         p,
+        "--webhook-shutdown-delay",
+        default="0s",
+        help="how long the webhook keeps serving after SIGTERM, while its terminating pod "
+        "leaves the webhook Service (the chart sets 5s)",
+    )
+    flags.add_duration(
+        p,
         "--webhook-cert-reload-interval",
         default="2s",
         help="how often the certificate files are checked for changes",

@@ -49,6 +49,13 @@ class AdmissionComponent:
         try:
             await self.server.start(self.ctx.args.webhook_bind_address)
             await stop.wait()
+            delay = float(self.ctx.args.webhook_shutdown_delay)
+            if delay > 0:
+                # The apiserver may still send reviews here until the endpoint of this pod,
+                # now terminating, is gone from the webhook Service: an answer refused then
+                # (failurePolicy Fail) is a pod creation refused.
+                log.info("admission webhook: serving %.0fs more before it stops", delay)
+                await asyncio.sleep(delay)
         finally:
             await self.server.stop()
             await self.factory.stop()
