@@ -260,3 +260,34 @@ async def test_a_node_event_during_a_look_is_not_lost_to_the_settled_tick() -> N
         await until(lambda: changed == [1, 1])  # seen now, not at the tick a minute away
     finally:
         await watch.stop()
+
+
+async def test_node_events_every_moment_do_not_flood_slurm_with_reads_of_pending_jobs() -> None:
+    """Under chaos node events come every second or faster; with 20 pending jobs each event
+    restarted every job's fast full reads (a soak saw 2,700-4,900 requests/min). Now a still
+    pending job costs a share of one batched state request per look, is read in full at most
+    every PENDING_FULL_READ_S, and events restart its fast looks at most every
+    EVENT_MIN_GAP_S; an allocation is still seen within a moment of its event."""
+    slurm = FakeSlurm()
+    for j in range(1, 21):
+        slurm.set(j, "PENDING")
+    watch = JobWatch(  # type: ignore[arg-type]
+        slurm, on_change=lambda _: None, max_interval=10.0
+    )
+    watch.start()
+    try:
+        for j in range(1, 21):
+            watch.track(j)
+        await until(lambda: all(j in watch.jobs for j in range(1, 21)))
+        await asyncio.sleep(1.2)  # past the first-second fast reads
+        reads, requests = len(slurm.reads), len(slurm.state_requests)
+        for _ in range(15):  # 3 s of node events, five a second
+            watch.node_changed("n9")
+            await asyncio.sleep(0.2)
+        assert len(slurm.reads) - reads == 0  # still pending: no full read within 10 s
+        assert len(slurm.state_requests) - requests <= 15  # batched: ~5 per event burst
+        slurm.set(7, "RUNNING", "n9")
+        watch.node_changed("n9")
+        await until(lambda: (job := watch.jobs.get(7)) is not None and job.is_running, 3.0)
+    finally:
+        await watch.stop()
