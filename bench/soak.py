@@ -148,7 +148,7 @@ async def soak_run(args: argparse.Namespace, bed: Testbed, echo: Callable[[str],
     kube = rest.Kube.from_kubeconfig(bed.kubeconfig)
     slurm = SlurmClient(bed.slurm_rest_url, MintedToken.from_file(bed.jwt_key_path, user="root"))
     soak = Soak(bed, kube, slurm, ports, out, echo)
-    invariants = InvariantWatch()
+    invariants = InvariantWatch(soak.slurmctld_kills)
     requests = soak_metrics.Requests()
 
     async def before_stop(name: str) -> None:

@@ -158,14 +158,19 @@ class Invariant:
     name: str
     grace_s: float
     breaches: Callable[[Snapshot], dict[str, str]]  # breach key -> evidence
+    # A breach that began soon after a kill -9 of slurmctld may be Slurm's: it came back from
+    # state saved before an allocation the bridge had read and bound a pod on. The bridge
+    # must repair it (delete the pod) within this long.
+    grace_after_crash_s: float = 0.0
 
 
 INVARIANTS = (
     Invariant("duplicate placeholder jobs", 60, duplicate_jobs),
     Invariant("orphaned placeholder jobs", 90, orphaned_jobs),
-    Invariant("pods bound where Slurm did not allocate", 0, misbound_pods),
+    Invariant("pods bound where Slurm did not allocate", 0, misbound_pods, 30),
     Invariant("pods running without a live job", 90, pods_outliving_jobs),
 )
+CRASH_WINDOW_S = 30.0  # a breach first seen this soon after a slurmctld kill -9 is "after" it
 
 
 @dataclass
@@ -181,10 +186,15 @@ class InvariantWatch:
     """Follows each invariant over the snapshots; a breach is recorded once it outlasted the
     invariant's grace period (or at the final snapshot)."""
 
-    def __init__(self) -> None:
+    def __init__(self, slurmctld_kills: list[float] | None = None) -> None:
         self.seen: dict[tuple[str, str], float] = {}
         self.breaches: dict[tuple[str, str], Breach] = {}
         self.samples = 0
+        self.slurmctld_kills = slurmctld_kills if slurmctld_kills is not None else []
+
+    def grace(self, inv: Invariant, first: float) -> float:
+        after_crash = any(0 <= first - t <= CRASH_WINDOW_S for t in self.slurmctld_kills)
+        return max(inv.grace_s, inv.grace_after_crash_s if after_crash else 0.0)
 
     def sample(self, s: Snapshot, *, final: bool = False) -> None:
         self.samples += 1
@@ -192,7 +202,7 @@ class InvariantWatch:
             now = inv.breaches(s)
             for key, evidence in now.items():
                 first = self.seen.setdefault((inv.name, key), s.at)
-                if not final and s.at - first < inv.grace_s:
+                if not final and s.at - first < self.grace(inv, first):
                     continue
                 breach = self.breaches.get((inv.name, key))
                 if breach is None:

@@ -183,7 +183,8 @@ def judge_job(soak: Soak, job: TrackedJob, slurm_log: dict[int, list[str]]) -> V
             )
     completed = job.ended_at if job.first_end == "COMPLETED" else None
     completed = completed or completed_in_log(slurm_log.get(job.job_id, []))
-    revived_by = [t for t in soak.slurmctld_kills if completed and completed <= t <= end]
+    last_seen = job.states[-1][0] if job.states else end  # its last end, after a revival
+    revived_by = [t for t in soak.slurmctld_kills if completed and completed <= t <= last_seen]
     if revived_by:
         return Verdict(
             key,
@@ -231,6 +232,23 @@ def judge_pod(
     if pod.gone_at is not None and lost:
         return Verdict(
             key, POD_SLURM, f"its job {lost[0]} was lost by slurmctld's kill -9", evidence
+        )
+    # slurmctld came back from a kill -9 with state saved before the job's allocation: the
+    # job PENDING again, its pod running on a node Slurm gives to others. The bridge deletes
+    # the pod (event SlurmJobEnded "... no longer holds node"): Slurm's loss, not ours.
+    unallocated = any("no longer holds node" in e for e in events.get(pod.name, []))
+    kills = [
+        t
+        for t in soak.slurmctld_kills
+        if pod.bound_at is not None and pod.bound_at - 60 <= t <= (pod.gone_at or time.time())
+    ]
+    if pod.gone_at is not None and unallocated and kills:
+        return Verdict(
+            key,
+            POD_SLURM,
+            f"slurmctld, killed -9 at {soak.rel(kills[0])}, came back without its job's "
+            "allocation; the bridge deleted the pod, which ran where Slurm no longer held a node",
+            evidence,
         )
     end = pod.finished_at or pod.gone_at or time.time()
     evidence += [f"during: {c}" for c in overlaps(soak, pod.created_at, end, {pod.node})]

@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from slinky_testbed import dev_bridge, metricsapi, paths, pods, procs
-from slinky_testbed.bed import Testbed
+from slinky_testbed.bed import ADMIN_USER, Testbed
 
 NAMESPACE = "slurm"
 EXTERNAL = f"/apis/external.metrics.k8s.io/v1beta1/namespaces/{NAMESPACE}"
@@ -36,6 +36,20 @@ def kubectl(bed: Testbed, *args: str, stdin: str | None = None) -> str:
     if out.returncode != 0:
         raise SystemExit(f"kubectl {' '.join(args)} failed:\n{out.stderr}")
     return out.stdout
+
+
+# The username the policy below never refuses: the operator's. The chart's policy names the
+# operator's ServiceAccount; `make dev` runs the operator as a process with the test bed's
+# admin credentials.
+OPERATOR_USERNAME = "system:serviceaccount:slinky-system:slurm-operator"
+
+
+def busy_pod_policy() -> list[dict[str, object]]:
+    """config/policy/ (a busy slurmd pod refuses a plain DELETE) for `make dev`'s operator,
+    which acts as the test bed's admin: try it with `kubectl --as=someone
+    --as-group=system:masters delete pod ...` (the admin itself passes, as the operator)."""
+    text = (REPO / "config" / "policy" / "busy_pod_deletion.yaml").read_text()
+    return list(yaml.safe_load_all(text.replace(OPERATOR_USERNAME, ADMIN_USER)))
 
 
 def sample_objects(bed: Testbed) -> list[dict[str, object]]:
@@ -78,6 +92,7 @@ def sample_objects(bed: Testbed) -> list[dict[str, object]]:
             },
         },
         sample_hpa(),
+        *busy_pod_policy(),
     ]
 
 

@@ -291,3 +291,30 @@ async def test_node_events_every_moment_do_not_flood_slurm_with_reads_of_pending
         await until(lambda: (job := watch.jobs.get(7)) is not None and job.is_running, 3.0)
     finally:
         await watch.stop()
+
+
+async def test_a_node_list_change_looks_at_every_tracked_job_in_one_request() -> None:
+    """slurmctld came back from a crash without an allocation the bridge had read (the node
+    cache never showed it, so no node event): the job is seen PENDING at the next node list,
+    not at the settled tick a minute later; the look is one batched state request."""
+    slurm = FakeSlurm()
+    for j in (1, 2, 3):
+        slurm.set(j, "RUNNING", f"n{j}")
+    changed: list[int] = []
+    watch = JobWatch(  # type: ignore[arg-type]
+        slurm, on_change=changed.append, max_interval=60.0, settled_interval=60.0
+    )
+    watch.start()
+    try:
+        for j in (1, 2, 3):
+            watch.track(j)
+        await until(lambda: sorted(changed) == [1, 2, 3])
+        await asyncio.sleep(1.2)  # past the fast reads: on the settled tick now
+        requests, reads = len(slurm.state_requests), len(slurm.reads)
+        slurm.set(2, "PENDING")
+        watch.all_due()
+        await until(lambda: changed.count(2) == 2)
+        assert len(slurm.state_requests) - requests == 1
+        assert slurm.reads[reads:] == [2]
+    finally:
+        await watch.stop()

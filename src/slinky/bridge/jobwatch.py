@@ -159,6 +159,15 @@ class JobWatch(BackgroundLoop):
             if job is None or job.is_pending:
                 self._look_soon(job_id)
 
+    def all_due(self) -> None:
+        """Slurm's nodes changed in a way no node event may show (slurmctld came back from a
+        crash without an allocation the bridge had read, or a node went from one job to
+        the next between two polls): look at every tracked job now, in one batched state
+        request; only those whose state changed are read in full."""
+        for job_id in list(self._next):
+            if job_id not in self._following:
+                self._schedule(job_id, 0.0)
+
     def _look_soon(self, job_id: int) -> None:
         """Look now, then often for a moment (Slurm's pass follows the event within about a
         second); fast looks already under way for an event a moment ago are left to run."""

@@ -81,4 +81,8 @@ def build(
             watch.node_changed(event.name)
 
     slurm.informer.subscribe(on_slurm)
+    # A job that lost its allocation in a slurmctld crash (restored from state saved before
+    # it) while the node cache never showed the allocation sends no node event: its pod ran
+    # on where Slurm no longer held anything until the settled tick, a minute later.
+    slurm.informer.on_node_list(watch.all_due)
     return ctrl, sync, watch
