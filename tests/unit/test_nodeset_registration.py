@@ -114,3 +114,18 @@ async def test_a_view_not_polled_since_the_deadline_decides_nothing() -> None:
     view.conn.informer._last_poll_done -= 60  # the last poll predates cpu-1's deadline
     await sync.replace_unregistered(view)
     assert deletes.deleted == [] and view.conditions == []
+
+
+async def test_a_pod_that_was_a_slurm_node_is_replaced_after_an_operator_restart() -> None:
+    """The soak: slurmctld lost batch-0's registration in a kill -9 and the operator was
+    restarted too; the new process had never seen any pod of the NodeSet registered, so
+    batch-0 stayed Ready and useless for good. The mirrored Slurm state conditions on the
+    pod are the evidence that survives."""
+    late = mirror.REGISTRATION_DEADLINE_S + 30
+    sync, view, deletes = setup([], {"batch-0": late, "batch-1": late})
+    view.active["batch-0"]["status"]["conditions"].append(
+        {"type": "SlurmNodeStateIdle", "status": "True", "lastTransitionTime": "x"}
+    )
+    await sync.replace_unregistered(view)
+    assert deletes.deleted == ["batch-0"]  # batch-1 never registered: only named
+    assert "slurmctld lost their registration" in view.conditions[0][3]

@@ -123,6 +123,15 @@ async def mirror_one(
     await slurmcontrol.set_comment(conn, node, comment)
 
 
+def was_slurm_node(pod: JSON) -> bool:
+    """The pod carries the conditions `mirror_slurm` writes: its Slurm node existed once
+    (evidence that outlives the operator process, unlike anything kept in memory)."""
+    return any(
+        str(c.get("type", "")).startswith("SlurmNodeState")
+        for c in (pod.get("status") or {}).get("conditions") or []
+    )
+
+
 def registering(view: View) -> bool:
     """A pod Ready for less than REGISTRATION_WINDOW_S whose Slurm node is not known yet."""
     if view.conn is None:

@@ -303,7 +303,8 @@ class NodeSetSync:
     async def replace_unregistered(self, view: View) -> None:
         """Pods whose slurmd Slurm does not know past the deadline (`mirror.unregistered`)
         are named in the condition `SlurmNodesRegistered`. In a NodeSet some of whose pods
-        did register (so slurmd can), such a pod lost its registration: it is deleted (Slurm
+        did register (so slurmd can), or that itself carries the Slurm state conditions the
+        mirror wrote while its node existed, such a pod lost its registration: it is deleted (Slurm
         confirms it has no such node, so no job can be on it) and made again, at most once
         per backoff period (60 s doubling to 15 min), so a slurmd that cannot register is
         not replaced in a loop. A NodeSet none of whose pods ever registered (kwok, a broken
@@ -325,7 +326,13 @@ class NodeSetSync:
         names = ", ".join(ordered[:10]) + (
             f" and {len(ordered) - 10} more" if len(ordered) > 10 else ""
         )
-        replace = uid in self.registered_once
+        # Registered once: seen by this process, or (an operator restarted since) a pod
+        # that carries the Slurm state conditions mirrored from its node.
+        if uid not in self.registered_once:
+            lost_replaceable = [p for p in lost if mirror.was_slurm_node(p)]
+        else:
+            lost_replaceable = lost
+        replace = bool(lost_replaceable)
         message = (
             f"Ready for over {mirror.REGISTRATION_DEADLINE_S:.0f}s with no Slurm node: {names}"
             + (
@@ -340,7 +347,7 @@ class NodeSetSync:
         if not replace or time.monotonic() < due or view.conn is None:
             return
         self.replacing[uid] = (backoff, time.monotonic() + backoff.next())
-        for pod in lost:
+        for pod in lost_replaceable:
             name = pods.name(pod)
             verdict = await scalein.check_drained(view.conn, name, namespace=view.namespace)
             if verdict != scalein.Drained.ABSENT:
