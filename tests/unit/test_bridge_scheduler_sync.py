@@ -15,6 +15,7 @@ from slinky.bridge.jobwatch import JobWatch
 from slinky.bridge.labels import FINALIZER, REPLACED_JOB, SLURM_JOBID, SLURM_NODE, SLURMJOB_PREFIX
 from slinky.bridge.nodes.controller import BY_SLURM_NAME, index_slurm_name
 from slinky.bridge.scheduler import exclusion
+from slinky.bridge.scheduler.ledger import Ledger
 from slinky.bridge.scheduler.sync import SchedulerSync
 from slinky.kube import rest
 from slinky.kube.store import Store
@@ -441,7 +442,7 @@ async def test_a_replacement_submitted_before_a_crash_is_found_not_made_again() 
     sync.kube = failing  # type: ignore[assignment]
     with contextlib.suppress(rest.ApiError):
         await sync.reconcile("ns/p")  # replacement submitted; the relabelling failed
-    sync.replacements.clear()  # ... and the scheduler restarted
+    sync.ledger = Ledger()  # ... and the scheduler restarted
     sync.kube = kube  # type: ignore[assignment]
     await sync.reconcile("ns/p")
     assert len(slurm.jobs) == 2  # the replacement was found by its admin_comment
@@ -591,11 +592,11 @@ async def test_a_cancel_that_fails_is_owed_and_retried_until_slurm_takes_it() ->
     pods.upsert(make_pod("p", "u1"))
     await sync.reconcile("ns/p")  # allocated, not marked, not cancelled: submitted instead
     (allocated, _submitted) = sorted(slurm.jobs)
-    assert slurm.cancelled == [] and sync.to_cancel == {allocated}
+    assert slurm.cancelled == [] and sync.ledger.owed() == [allocated]
     slurm.refuse_cancel = False
     sync._cancel_tried = 0.0  # the retry interval passed
     await sync.reconcile("ns/p")
-    assert slurm.cancelled == [allocated] and sync.to_cancel == set()
+    assert slurm.cancelled == [allocated] and sync.ledger.owed() == []
 
 
 async def test_a_user_slurmctld_refuses_to_act_as_is_submitted_and_not_tried_again_soon() -> None:

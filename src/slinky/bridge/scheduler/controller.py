@@ -58,8 +58,7 @@ def build(
     nodes = factory.informer(rest.NODES, indexers={BY_SLURM_NAME: index_slurm_name})
 
     def on_job(job_id: int) -> None:
-        key = sync.waiting.get(job_id)
-        if key is not None:
+        for key in sync.ledger.waiters(job_id):
             ctrl.enqueue(key)
 
     watch = JobWatch(
@@ -88,7 +87,9 @@ def build(
     ctrl.watch(nodes, mapper=lambda _node: list(sync.unfit))
     # A node added, relabelled or retainted changes what a waiting job must exclude.
     ctrl.watch(
-        nodes, mapper=lambda _node: list(sync.waits_on), predicate=exclusion.placement_relevant
+        nodes,
+        mapper=lambda _node: sync.ledger.waiting_pods(),
+        predicate=exclusion.placement_relevant,
     )
 
     def on_slurm(event: SlurmEvent) -> None:
@@ -97,7 +98,7 @@ def build(
             for key in list(sync.unfit):
                 ctrl.enqueue(key)
             if event.type in ("ADDED", "DELETED"):
-                for key in list(sync.waits_on):
+                for key in sync.ledger.waiting_pods():
                     ctrl.enqueue(key)
 
     slurm.informer.subscribe(on_slurm)

@@ -92,7 +92,9 @@ class GangScheduler:
         )
 
     def job_of(self, pod: JSON) -> int | None:
-        return podcontrol.job_id_of(pod) or self.sync.submitted.get(str(pod["metadata"]["uid"]))
+        return podcontrol.job_id_of(pod) or self.sync.ledger.job_made_for(
+            str(pod["metadata"]["uid"])
+        )
 
     # ------------------------------------------------------------ reconcile
 
@@ -110,14 +112,12 @@ class GangScheduler:
             if not self.sync.schedulable(pod):
                 return DONE
             waiting = self.waiting(group)
-            if any(k in self.sync.uncertain for k in map(placeholder.pod_key, waiting)):
+            ledger = self.sync.ledger
+            if any(ledger.is_uncertain(k) for k in map(placeholder.pod_key, waiting)):
                 # A submission for the group may have reached Slurm unanswered: look first.
-                asked = {
-                    k: u for k, u in self.sync.uncertain.items() if k in self.members[group.key]
-                }
+                asked = ledger.uncertain(self.members[group.key])
                 await self.sync.find_submitted(set(asked.values()))
-                for k in asked:
-                    self.sync.uncertain.pop(k, None)
+                ledger.settled(asked)
             job_id = self.job_of(pod)
             if job_id is not None:
                 return await self.place(pod, group, job_id)
@@ -182,7 +182,7 @@ class GangScheduler:
             )
         except (errors.SlurmUnavailable, errors.SlurmAuthError):
             for m in members:
-                sync.uncertain[placeholder.pod_key(m)] = str(m["metadata"]["uid"])
+                sync.ledger.unsure(placeholder.pod_key(m), str(m["metadata"]["uid"]))
             raise
         except errors.SlurmError as e:
             message = f"Slurm refused the placeholder job: {e}"
@@ -190,10 +190,9 @@ class GangScheduler:
                 if m is not pod:
                     await podcontrol.set_unschedulable(sync.kube, m, "SlurmRejected", message)
             return await sync.rejected(pod, e)
-        for m in members:
-            uid = str(m["metadata"]["uid"])
-            sync.submitted[uid] = job_id
-            sync.unlabelled[placeholder.pod_key(m)] = (uid, job_id)
+        sync.ledger.made(
+            job_id, [(placeholder.pod_key(m), str(m["metadata"]["uid"])) for m in members]
+        )
         log.info(
             "%s: submitted placeholder job %d for %d pods (%s)",
             group.describe(),
@@ -212,8 +211,7 @@ class GangScheduler:
             await podcontrol.mark_submitted(sync.kube, pod, job_id)
         else:
             self.labelled(pod)
-        sync.waiting[job_id] = key
-        sync.waits_on[key] = job_id
+        sync.ledger.wait(key, job_id)
         sync.unseen.discard(key)
         sync.watch.track(job_id)
         job = await sync.job(job_id)
@@ -281,8 +279,7 @@ class GangScheduler:
 
     def labelled(self, pod: JSON) -> None:
         """The pod's label names its job: no need to remember it any more."""
-        self.sync.submitted.pop(str(pod["metadata"]["uid"]), None)
-        self.sync.unlabelled.pop(placeholder.pod_key(pod), None)
+        self.sync.ledger.labelled(placeholder.pod_key(pod), str(pod["metadata"]["uid"]))
 
     def pods_of(self, comment: placeholder.Comment, job_id: int) -> dict[str, JSON | None]:
         """The job's pods as cached, by key; None for one that is gone or another pod now."""
@@ -344,9 +341,7 @@ class GangScheduler:
         if pod is not None and podcontrol.node_of(pod):
             return
         # The group's job is this step's to cancel, not the single-pod path's.
-        entry = self.sync.unlabelled.pop(key, None)
-        if entry is not None:
-            self.sync.submitted.pop(entry[0], None)
+        entry = self.sync.ledger.labelled(key, "" if pod is None else str(pod["metadata"]["uid"]))
         job_id = None if pod is None else podcontrol.job_id_of(pod)
         if job_id is None and entry is not None:
             job_id = entry[1]
@@ -377,15 +372,13 @@ class GangScheduler:
         others = self.waiting(group)
         # Owed from now on: once the labels are gone no pod leads back to the job, so a
         # cancel that fails is retried from the scheduler's own list.
-        self.sync.to_cancel.add(job_id)
+        ledger = self.sync.ledger
+        ledger.owe_cancel(job_id)
         for p in others:
-            if (
-                podcontrol.job_id_of(p) == job_id
-                or self.sync.submitted.get(str(p["metadata"]["uid"])) == job_id
-            ):
+            uid = str(p["metadata"]["uid"])
+            if podcontrol.job_id_of(p) == job_id or ledger.job_made_for(uid) == job_id:
                 await unlabel(self.sync.kube, p)
-                self.sync.submitted.pop(str(p["metadata"]["uid"]), None)
-                self.sync.unlabelled.pop(placeholder.pod_key(p), None)
+                ledger.labelled(placeholder.pod_key(p), uid)
         await self.sync.cancel_pending_cancels()
         log.info(
             "job %d: cancelling it: %s before its pods were bound; the group waits for %d pods "

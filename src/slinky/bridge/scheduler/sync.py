@@ -46,6 +46,7 @@ from slinky.bridge.nodes.controller import BY_SLURM_NAME
 from slinky.bridge.nudge import nudge
 from slinky.bridge.scheduler import exclusion, immediate
 from slinky.bridge.scheduler.gang import GangScheduler
+from slinky.bridge.scheduler.ledger import Ledger
 from slinky.bridge.workload import sync as workload_sync
 from slinky.kube import events, rest
 from slinky.kube.controller import DONE, Result
@@ -157,24 +158,14 @@ class SchedulerSync:
         self.slurm = slurm
         self.watch = watch
         self.recorder = recorder
-        # Pod UID -> job id, from Slurm's answer to our submission (or recovered at start)
-        # until the pod's label says so.
-        self.submitted: dict[str, int] = {}
-        # The same, by pod key: (UID, job id); a pod that goes away before its label says
-        # which job it has leaves a job only this scheduler knows of, so it cancels it.
-        self.unlabelled: dict[str, tuple[str, int]] = {}
-        # Pod key -> UID of pods whose submission may have reached Slurm without us seeing
-        # the answer.
-        self.uncertain: dict[str, str] = {}
+        # Which job was made for which pod, who waits on which job, what is uncertain,
+        # what is owed a cancel: see `ledger`. Single pods and groups share it.
+        self.ledger = Ledger()
+        # Pod UID -> how many times Slurm refused its job in a row (the backoff).
         self.rejections: dict[str, int] = {}
         # Pods no managed node can take: looked at again when nodes change.
         self.unfit: set[str] = set()
-        # Job id -> pod key for the jobs this scheduler waits on, and back.
-        self.waiting: dict[int, str] = {}
-        self.waits_on: dict[str, int] = {}
-        # Pod UID -> the job submitted to replace its job, until the pod is relabelled.
-        self.replacements: dict[str, int] = {}
-        PODS_PENDING.set_function(lambda: len(self.waits_on) + len(self.unfit))
+        PODS_PENDING.set_function(lambda: self.ledger.waiting_count() + len(self.unfit))
         # Pods that Slurm starts together (PodGroup, LeaderWorkerSet, gang Job/JobSet).
         self.gangs = GangScheduler(self, groups.GroupResolver(kube))
         # Cleared when slurmrestd has no job/allocate (an older release): submit only.
@@ -184,12 +175,7 @@ class SchedulerSync:
         # Keys of pods found labelled with a job at start and not placed since: their jobs
         # may wait in Slurm (made by the replica before this one).
         self.unseen: set[str] = set()
-        # Jobs this scheduler must cancel and could not yet (an allocation it could not mark
-        # as ours, a group's job it abandoned): retried until slurmrestd answers.
-        self.to_cancel: set[int] = set()
         self._cancel_tried = 0.0
-        # Jobs allocated as their user whose admin_comment is being written right now.
-        self.confirming: set[int] = set()
         # Slurm users whose minted tokens slurmctld refused: not allocated as, for a while.
         self.refused_users: dict[str, float] = {}
 
@@ -214,20 +200,19 @@ class SchedulerSync:
     def forget(self, key: str) -> None:
         self.unfit.discard(key)
         self.unseen.discard(key)
-        job_id = self.waits_on.pop(key, None)
+        job_id = self.ledger.stop_waiting(key)
         if job_id is not None:
-            self.waiting.pop(job_id, None)
             self.watch.untrack(job_id)
 
     async def reconcile(self, key: str) -> Result:
         """Submit, label, place: whichever step the pod is at."""
-        if self.to_cancel and time.monotonic() - self._cancel_tried > CANCEL_RETRY_S:
+        if self.ledger.owed() and time.monotonic() - self._cancel_tried > CANCEL_RETRY_S:
             await self.cancel_pending_cancels()
         try:
             return await self.schedule(key)
         finally:
             # Slurm is polled fast while pods wait on it, slowly otherwise.
-            self.slurm.informer.demand(DEMAND_KEY, bool(self.waits_on or self.unfit))
+            self.slurm.informer.demand(DEMAND_KEY, bool(self.ledger.waiting_count() or self.unfit))
 
     async def schedule(self, key: str) -> Result:
         pod = self.pods.store.get(key)
@@ -238,11 +223,11 @@ class SchedulerSync:
             await self.drop_unlabelled(key, pod)
             return DONE
         uid = str(pod["metadata"]["uid"])
-        if podcontrol.job_id_of(pod) is None and uid not in self.submitted:
+        if podcontrol.job_id_of(pod) is None and self.ledger.job_made_for(uid) is None:
             namespace = str(pod["metadata"].get("namespace") or "")
             if not await self.is_managed(namespace):
                 return await self.not_managed(pod, namespace)
-        earlier = self.unlabelled.get(key)
+        earlier = self.ledger.unlabelled(key)
         if earlier is not None and earlier[0] != uid:
             # A pod of the same name created anew: the job of the one before is no one's.
             await self.drop_unlabelled(key, pod)
@@ -254,10 +239,9 @@ class SchedulerSync:
             return await self.gangs.reconcile(pod, group)
         job_id = podcontrol.job_id_of(pod)
         if job_id is not None:
-            self.submitted.pop(uid, None)
-            self.unlabelled.pop(key, None)
+            self.ledger.labelled(key, uid)
             return await self.place(pod, job_id)
-        job_id = self.submitted.get(uid)
+        job_id = self.ledger.job_made_for(uid)
         if job_id is None:
             return await self.submit(pod)
         await podcontrol.mark_submitted(self.kube, pod, job_id)
@@ -281,7 +265,7 @@ class SchedulerSync:
     async def drop_unlabelled(self, key: str, pod: JSON | None) -> None:
         """The pod left the queue: if it never got the label of the job submitted for it,
         that job is cancelled (no one else could ever find it)."""
-        entry = self.unlabelled.get(key)
+        entry = self.ledger.unlabelled(key)
         if entry is None:
             return
         uid, job_id = entry
@@ -293,13 +277,12 @@ class SchedulerSync:
             # Forgotten only once cancelled: a failed cancel is retried with the pod's key.
             await self.slurm.client.cancel_job(job_id)
             log.info("job %d: cancelled: pod %s went away before it was labelled", job_id, key)
-        self.unlabelled.pop(key, None)
-        self.submitted.pop(uid, None)
+        self.ledger.labelled(key, uid)
 
     async def resolve_uncertain(self, key: str, pod: JSON | None) -> None:
         """A pod whose submission went unanswered left the queue: its job, if Slurm made
         one, is looked for so that `drop_unlabelled` cancels it."""
-        uid = self.uncertain.get(key)
+        uid = self.ledger.uncertain_uid(key)
         if uid is None:
             return
         if (
@@ -308,7 +291,7 @@ class SchedulerSync:
             or podcontrol.job_id_of(pod) is None
         ):
             await self.find_submitted({uid})
-        self.uncertain.pop(key, None)
+        self.ledger.settled({key: uid})
 
     # ------------------------------------------------------------ recovery
 
@@ -335,7 +318,9 @@ class SchedulerSync:
         for job in jobs or []:
             if job.is_finished:
                 continue
-            if workload_sync.unconfirmed(job, self.config) and job.job_id not in self.confirming:
+            if workload_sync.unconfirmed(job, self.config) and not self.ledger.is_confirming(
+                job.job_id
+            ):
                 # An allocation whose answer was lost before it was marked as ours: its pod
                 # gets another job; this one ran nothing.
                 await self.cancel_later(job.job_id)
@@ -348,8 +333,7 @@ class SchedulerSync:
             for key, uid in comment.pods.items():
                 if uid in uids:
                     found[uid] = job.job_id
-                    self.submitted[uid] = job.job_id
-                    self.unlabelled[key] = (uid, job.job_id)
+                    self.ledger.made(job.job_id, [(key, uid)])
                     log.info("pod %s: found its job %d in Slurm", key, job.job_id)
         return found
 
@@ -358,14 +342,12 @@ class SchedulerSync:
     async def submit(self, pod: JSON) -> Result:
         key = placeholder.pod_key(pod)
         uid = str(pod["metadata"]["uid"])
-        if key in self.uncertain:
+        if self.ledger.is_uncertain(key):
             # One read of the job list answers for every pod whose submission went
             # unanswered (slurmrestd was down for all of them at once, typically).
-            asked = dict(self.uncertain)
+            asked = self.ledger.uncertain()
             found = await self.find_submitted(set(asked.values()))
-            for k, u in asked.items():
-                if self.uncertain.get(k) == u:
-                    del self.uncertain[k]
+            self.ledger.settled(asked)
             if uid in found:
                 return Result(requeue=True)
         try:
@@ -399,12 +381,11 @@ class SchedulerSync:
             # Not an answer about the job: retried with the controller's backoff, after
             # looking for the job in case the request reached slurmctld.
             SLURM_ERRORS.labels(type(e).__name__).inc()
-            self.uncertain[key] = uid
+            self.ledger.unsure(key, uid)
             raise
         except errors.SlurmError as e:
             return await self.rejected(pod, e)
-        self.submitted[uid] = job_id
-        self.unlabelled[key] = (uid, job_id)
+        self.ledger.made(job_id, [(key, uid)])
         self.rejections.pop(uid, None)
         age = _age(pod)
         if age is not None:
@@ -457,7 +438,7 @@ class SchedulerSync:
         Until every pod found labelled at start was looked at, its job may be one."""
         if self.unseen:
             return True
-        for job_id in self.waiting:
+        for job_id in self.ledger.waited_jobs():
             if job_id not in self.watch.jobs:
                 return True  # not read yet: it may be
             job = self.watch.jobs[job_id]
@@ -506,39 +487,37 @@ class SchedulerSync:
         user may not set admin_comment, which alone the bridge trusts): the bridge writes
         admin_comment as administrator now. False: not written, the job is cancelled (now,
         or later: `cancel_pending_cancels`) and the pod submitted instead."""
-        self.confirming.add(job_id)
         try:
-            await self.slurm.client.update_job(job_id, {"admin_comment": desc["admin_comment"]})
+            with self.ledger.confirming(job_id):
+                await self.slurm.client.update_job(job_id, {"admin_comment": desc["admin_comment"]})
             return True
         except errors.SlurmError as e:
             log.info("job %d: allocated but not marked as ours (%s); cancelling it", job_id, e)
         except BaseException:
-            self.to_cancel.add(job_id)  # interrupted: whether it was marked is not known
+            self.ledger.owe_cancel(job_id)  # interrupted: whether it was marked is not known
             raise
-        finally:
-            self.confirming.discard(job_id)
         await self.cancel_later(job_id)
         return False
 
     async def cancel_later(self, job_id: int) -> None:
         """Cancel `job_id` now, or keep retrying (see `cancel_pending_cancels`)."""
-        self.to_cancel.add(job_id)
+        self.ledger.owe_cancel(job_id)
         await self.cancel_pending_cancels()
 
     async def cancel_pending_cancels(self) -> None:
-        """Cancel the jobs this scheduler must cancel (`to_cancel`); tried at each new job
+        """Cancel the jobs this scheduler owes a cancel (`Ledger.owed`); tried at each new job
         and, while any is left, at a reconcile at most every CANCEL_RETRY_S. A leader that
         dies with some left leaves an allocation never marked as ours to the workload
         controller (`workload.sync.unconfirmed`)."""
         self._cancel_tried = time.monotonic()
-        for job_id in sorted(self.to_cancel):
+        for job_id in self.ledger.owed():
             try:
                 await self.slurm.client.cancel_job(job_id)
             except errors.SlurmNotFound:
                 pass
             except errors.SlurmError:
                 return
-            self.to_cancel.discard(job_id)
+            self.ledger.paid(job_id)
             self.watch.untrack(job_id)
 
     async def ask_allocation(self, desc: JSON, tokens: TokenProvider) -> int | None:
@@ -620,8 +599,7 @@ class SchedulerSync:
 
     async def place(self, pod: JSON, job_id: int) -> Result:
         key = placeholder.pod_key(pod)
-        self.waiting[job_id] = key
-        self.waits_on[key] = job_id
+        self.ledger.wait(key, job_id)
         self.unseen.discard(key)
         self.watch.track(job_id)
         await self.cancel_replaced(pod)
@@ -743,7 +721,7 @@ class SchedulerSync:
             "selector, affinity or tolerations reject; submitting a new job"
         )
         self.recorder.event(pod, events.WARNING, "SlurmNodeRejected", message, action="Bind")
-        new = self.replacements.get(uid)
+        new = self.ledger.replacement(uid)
         if new is None:
             # Submitted before a crash, but not on the pod yet? (Rare path: a full read.)
             found = [j for j in await self.live_jobs_naming(uid) if j != old]
@@ -755,7 +733,7 @@ class SchedulerSync:
                 desc["excluded_nodes"] = where.excluded
             new = await self.slurm.client.submit_job(desc)
             log.info("pod %s: submitted job %d to replace job %d", key, new, old)
-        self.replacements[uid] = new
+        self.ledger.replacing(uid, new)
         name, ns, _ = podcontrol.name_ns_uid(pod)
         relabelled = await self.kube.patch(
             rest.PODS,
@@ -770,7 +748,7 @@ class SchedulerSync:
             ns,
             kind="strategic",
         )
-        del self.replacements[uid]
+        self.ledger.replaced(uid)
         REPLACEMENTS.inc()
         self.forget(key)
         return await self.place(relabelled, new)

@@ -1,0 +1,168 @@
+"""The scheduler's job <-> pods bookkeeping, owned in one place.
+
+A placeholder job stands for one pod, or for every pod of a group (one job, many pods); a
+pod has one job, or two for a moment while a job Slurm placed where the pod may not run is
+replaced. Slurm's answers and the pods' labels never change together, so between them the
+scheduler remembers, here and only here:
+
+- **made, not labelled yet**: the job Slurm answered with for a pod whose job-id label is
+  not written yet, by pod UID and by pod key: a restart finds such jobs again from their
+  admin_comment, and a pod that goes away before its label leaves a job only this record
+  leads to (it is cancelled);
+- **uncertain**: pods whose submission got no answer (slurmrestd down, a timeout): the job
+  may exist, so Slurm is asked before another is made;
+- **waiting**: which pods wait on which job, both ways (the job watch wakes the pods of a job
+  that changed; many pods may wait on one job);
+- **replacements**: the job submitted to replace a pod's job, until the pod's label says so;
+- **owed cancels**: jobs the scheduler must cancel and could not yet (retried until Slurm
+  takes them), and the jobs being marked as ours right now (not to be cancelled as unmarked).
+
+Pure bookkeeping: no I/O, so every rule is unit-tested on its own. What a job *is* (ours, of
+this pod) is never decided from here: only the job's admin_comment says that.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+
+class Ledger:
+    def __init__(self) -> None:
+        self._by_uid: dict[str, int] = {}
+        self._by_key: dict[str, tuple[str, int]] = {}
+        self._uncertain: dict[str, str] = {}
+        self._waiters: dict[int, set[str]] = {}
+        self._waits_on: dict[str, int] = {}
+        self._replacements: dict[str, int] = {}
+        self._owed: set[int] = set()
+        self._confirming: set[int] = set()
+
+    # ------------------------------------------------------------ made, not labelled yet
+
+    def made(self, job_id: int, pods: Iterable[tuple[str, str]]) -> None:
+        """Slurm answered `job_id` for the pods (key, UID) whose labels are not written."""
+        for key, uid in pods:
+            self._by_uid[uid] = job_id
+            self._by_key[key] = (uid, job_id)
+
+    def job_made_for(self, uid: str) -> int | None:
+        """The job made for the pod `uid` that its label does not name yet."""
+        return self._by_uid.get(uid)
+
+    def unlabelled(self, key: str) -> tuple[str, int] | None:
+        """(UID, job id) of the job made for the pod at `key` before its label."""
+        return self._by_key.get(key)
+
+    def labelled(self, key: str, uid: str) -> tuple[str, int] | None:
+        """The pod's label names its job (or the job was dealt with): forgotten here.
+        Returns what was remembered by key."""
+        self._by_uid.pop(uid, None)
+        entry = self._by_key.pop(key, None)
+        if entry is not None and entry[0] != uid:
+            self._by_uid.pop(entry[0], None)
+        return entry
+
+    # ------------------------------------------------------------ uncertain
+
+    def unsure(self, key: str, uid: str) -> None:
+        """The submission for the pod got no answer: it may have reached Slurm."""
+        self._uncertain[key] = uid
+
+    def is_uncertain(self, key: str) -> bool:
+        return key in self._uncertain
+
+    def uncertain_uid(self, key: str) -> str | None:
+        return self._uncertain.get(key)
+
+    def uncertain(self, keys: Iterable[str] | None = None) -> dict[str, str]:
+        """Pod key -> UID of the uncertain pods (of `keys`, or all)."""
+        if keys is None:
+            return dict(self._uncertain)
+        return {k: u for k in keys if (u := self._uncertain.get(k)) is not None}
+
+    def settled(self, asked: dict[str, str]) -> None:
+        """Slurm was asked about these (key -> UID): no longer uncertain, unless the pod at
+        a key is another one since (a pod of the same name made anew)."""
+        for key, uid in asked.items():
+            if self._uncertain.get(key) == uid:
+                del self._uncertain[key]
+
+    # ------------------------------------------------------------ waiting
+
+    def wait(self, key: str, job_id: int) -> None:
+        """The pod at `key` waits on `job_id` (and on no other job)."""
+        before = self._waits_on.get(key)
+        if before is not None and before != job_id:
+            self._drop_waiter(key, before)
+        self._waits_on[key] = job_id
+        self._waiters.setdefault(job_id, set()).add(key)
+
+    def stop_waiting(self, key: str) -> int | None:
+        """The pod no longer waits. Returns its job if no other pod waits on that job
+        (the caller stops watching it), else None."""
+        job_id = self._waits_on.pop(key, None)
+        if job_id is None:
+            return None
+        return job_id if self._drop_waiter(key, job_id) else None
+
+    def _drop_waiter(self, key: str, job_id: int) -> bool:
+        keys = self._waiters.get(job_id)
+        if keys is None:
+            return True
+        keys.discard(key)
+        if keys:
+            return False
+        del self._waiters[job_id]
+        return True
+
+    def waiters(self, job_id: int) -> list[str]:
+        """The keys of the pods waiting on `job_id`, sorted."""
+        return sorted(self._waiters.get(job_id, ()))
+
+    def waits_on(self, key: str) -> int | None:
+        return self._waits_on.get(key)
+
+    def waiting_pods(self) -> list[str]:
+        return list(self._waits_on)
+
+    def waited_jobs(self) -> list[int]:
+        return list(self._waiters)
+
+    def waiting_count(self) -> int:
+        return len(self._waits_on)
+
+    # ------------------------------------------------------------ replacements
+
+    def replacing(self, uid: str, job_id: int) -> None:
+        self._replacements[uid] = job_id
+
+    def replacement(self, uid: str) -> int | None:
+        return self._replacements.get(uid)
+
+    def replaced(self, uid: str) -> None:
+        self._replacements.pop(uid, None)
+
+    # ------------------------------------------------------------ owed cancels
+
+    def owe_cancel(self, job_id: int) -> None:
+        self._owed.add(job_id)
+
+    def owed(self) -> list[int]:
+        """Jobs owed a cancel, oldest id first."""
+        return sorted(self._owed)
+
+    def paid(self, job_id: int) -> None:
+        self._owed.discard(job_id)
+
+    @contextmanager
+    def confirming(self, job_id: int) -> Iterator[None]:
+        """While the bridge's mark is written on `job_id`, it is not an unmarked job."""
+        self._confirming.add(job_id)
+        try:
+            yield
+        finally:
+            self._confirming.discard(job_id)
+
+    def is_confirming(self, job_id: int) -> bool:
+        return job_id in self._confirming
