@@ -430,6 +430,68 @@ async def test_a_group_too_large_for_the_free_nodes_waits_and_a_smaller_one_does
                 await env.kube.delete(PODGROUPS, g, ns)
 
 
+async def test_a_member_deleted_after_slurm_allocated_its_group_leaves_no_pod_bound(
+    bridge: BridgeEnv, gang_nodes: GangNodes
+) -> None:
+    """All or nothing in the middle of placement: Slurm allocates a group's job while no
+    scheduler is there to bind it (the bridge stopped; a busy node kept the job pending until
+    then), and one member is deleted before the bridge comes back. The bridge must not bind
+    the others to a job that cannot run whole: the job is cancelled, no pod of the group is
+    bound, the deleted member goes, and the rest wait for a whole group again."""
+    env, ns = bridge, bridge.managed_namespace
+    group = f"mid-{uuid.uuid4().hex[:6]}"
+    selector = f"{PODGROUP_LABEL}={group}"
+    n = len(gang_nodes.all)
+    busy = await env.submit_placeholder(gang_nodes.kwok[0])
+    try:
+        await env.kube.create(PODGROUPS, podgroup(group, n), ns)
+        for i in range(n):
+            pod = group_pod(f"{group}-{i}", group, ["sleep", "600"], kwok=True)
+            await env.kube.create(rest.PODS, pod, ns)
+
+        async def one_pending_job() -> int | None:
+            pods = await labelled(env, ns, selector)
+            ids = {(p["metadata"].get("labels") or {}).get(SLURM_JOBID) for p in pods}
+            if len(pods) != n or None in ids or len(ids) != 1:
+                return None
+            job_id = int(str(ids.pop()))
+            return job_id if (await env.slurm.get_job(job_id)).is_pending else None
+
+        job_id = await wait_for(one_pending_job, timeout=90, what="the group's job pending")
+        assert env.bridge.stop() == 0
+        await env.slurm.cancel_job(busy)
+
+        async def allocated() -> bool:
+            return (await env.slurm.get_job(job_id)).is_running
+
+        await wait_for(allocated, timeout=120, what="Slurm allocates the group's job")
+        await env.kube.delete(rest.PODS, f"{group}-0", ns)  # held by the bridge's finalizer
+        await env.bridge.restart()
+        assert (await job_ended(env, job_id, timeout=60)).state == ["CANCELLED"]
+        await pod_gone(env, f"{group}-0", ns, timeout=60)
+
+        async def wait_again() -> list[JSON] | None:
+            pods = await labelled(env, ns, selector)
+            for p in pods:
+                assert not p["spec"].get("nodeName"), p["metadata"]["name"]
+            ok = len(pods) == n - 1 and all(
+                SLURM_JOBID not in (p["metadata"].get("labels") or {})
+                and reason(p) == "WaitingForGroup"
+                for p in pods
+            )
+            return pods if ok else None
+
+        await wait_for(wait_again, timeout=60, what="the other members wait for a whole group")
+    finally:
+        with contextlib.suppress(Exception):
+            await env.slurm.cancel_job(busy)
+        if env.bridge.proc.poll() is not None:
+            await env.bridge.restart()
+        await cleanup(env, ns, selector)
+        with contextlib.suppress(rest.ApiError):
+            await env.kube.delete(PODGROUPS, group, ns)
+
+
 # ---------------------------------------------------------------- real JobSet and LWS controllers
 
 JOBSETS = rest.Resource("jobset.x-k8s.io", "v1alpha2", "jobsets", "JobSet")
