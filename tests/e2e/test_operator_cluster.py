@@ -379,6 +379,10 @@ async def test_invalid_custom_resources_are_rejected_naming_the_field(
     mismatch = nodeset("c", selector={"matchLabels": {"app": "other"}})
     msg = await rejected(kube, NODESETS, mismatch, namespace)
     assert "spec.selector" in msg and "must match" in msg
+    no_slurmd = nodeset("h")
+    no_slurmd["spec"]["template"]["spec"]["containers"][0]["name"] = "main"
+    msg = await rejected(kube, NODESETS, no_slurmd, namespace)
+    assert "spec.template" in msg and "container named slurmd" in msg, msg
     zero = nodeset("d", updateStrategy={"rollingUpdate": {"maxUnavailable": 0}})
     assert "maxUnavailable" in await rejected(kube, NODESETS, zero, namespace)
     msg = await rejected(

@@ -30,7 +30,21 @@ POD_TEMPLATE_SCHEMA: dict[str, Any] = {
                 "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
             },
         },
-        "spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        "spec": {
+            "type": "object",
+            "x-kubernetes-preserve-unknown-fields": True,
+            "properties": {
+                "containers": {
+                    "type": "array",
+                    "maxItems": 256,
+                    "items": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                        "properties": {"name": {"type": "string", "maxLength": 253}},
+                    },
+                }
+            },
+        },
     },
 }
 PVC_TEMPLATES_SCHEMA: dict[str, Any] = {
@@ -122,7 +136,18 @@ class NodeSetSpec:
         description="Headless Service for stable pod DNS (created if absent; default the "
         "NodeSet's name)."
     )
-    template: dict[str, Any] = prop(required=True, schema=POD_TEMPLATE_SCHEMA)
+    template: dict[str, Any] = prop(
+        required=True,
+        schema=POD_TEMPLATE_SCHEMA,
+        rules=[
+            (
+                "has(self.spec) && has(self.spec.containers) && "
+                "self.spec.containers.exists(c, has(c.name) && c.name == 'slurmd')",
+                "the pod template needs a container named slurmd (spec.template.spec.containers"
+                "): it runs slurmd, the Slurm node; without it the pods never join Slurm",
+            )
+        ],
+    )
     volume_claim_templates: list[dict[str, Any]] | None = prop(schema=PVC_TEMPLATES_SCHEMA)
     update_strategy: UpdateStrategy = prop(default={})
     revision_history_limit: int = prop(default=10, minimum=0)
