@@ -321,8 +321,16 @@ async def test_a_pod_outside_the_managed_namespaces_naming_the_scheduler_gets_no
 async def test_deleting_a_pending_pod_cancels_its_job(bridge: BridgeEnv, managed_node: str) -> None:
     env, ns = bridge, bridge.managed_namespace
     name = f"pending-{uuid.uuid4().hex[:6]}"
-    # More CPUs than any node has: Slurm takes the job and keeps it pending.
-    pod = workload_pod(name, ["sleep", "600"], {SLURMJOB_PREFIX + "cpu-per-task": "64"})
+    # The only managed node is busy with another job: Slurm keeps the pod's job pending.
+    holder = await env.submit_placeholder(managed_node)
+    try:
+        await pending_pods_job_is_cancelled_on_delete(env, name, ns)
+    finally:
+        await env.slurm.cancel_job(holder)
+
+
+async def pending_pods_job_is_cancelled_on_delete(env: BridgeEnv, name: str, ns: str) -> None:
+    pod = workload_pod(name, ["sleep", "600"])
     await env.kube.create(rest.PODS, pod, ns)
     waiting = await pod_where(
         env,
@@ -340,6 +348,35 @@ async def test_deleting_a_pending_pod_cancels_its_job(bridge: BridgeEnv, managed
     await env.kube.delete(rest.PODS, name, ns)
     await pod_gone(env, name, ns)
     assert (await job_ended(env, job.job_id)).state == ["CANCELLED"]
+
+
+async def test_a_pod_larger_than_every_managed_node_says_so_and_gets_no_job(
+    bridge: BridgeEnv, managed_node: str
+) -> None:
+    """Slurm would keep its job pending for good (PartitionConfig) and nothing would say it
+    can never run: the pod is Unschedulable with the numbers, and no job is made."""
+    env, ns = bridge, bridge.managed_namespace
+    name = f"huge-{uuid.uuid4().hex[:6]}"
+    pod = workload_pod(name, ["sleep", "600"], {SLURMJOB_PREFIX + "cpu-per-task": "512"})
+    await env.kube.create(rest.PODS, pod, ns)
+
+    def scheduled(p: JSON) -> JSON:
+        return conditions.find(p["status"].get("conditions"), "PodScheduled") or {}
+
+    got = await pod_where(
+        env,
+        name,
+        ns,
+        lambda p: scheduled(p).get("reason") == "Unschedulable",
+        "PodScheduled=False Unschedulable",
+    )
+    message = str(scheduled(got).get("message"))
+    assert "needs 512 CPUs" in message and managed_node in message, message
+    assert SLURM_JOBID not in (got["metadata"].get("labels") or {})
+    named = await jobs_naming(env, {str(got["metadata"]["uid"])})
+    assert not any(named.values()), named
+    await env.kube.delete(rest.PODS, name, ns)
+    await pod_gone(env, name, ns)
 
 
 async def test_a_rejected_submission_is_explained_on_the_pod(

@@ -127,3 +127,15 @@ def test_a_pod_no_node_can_take_is_impossible_and_says_why() -> None:
 
 def test_an_empty_partition_is_not_impossible_a_node_may_join() -> None:
     assert not constraints.placement(pod(), [], {}, scheduler_name=SCHED).impossible
+
+
+def test_too_large_names_the_numbers_and_the_largest_node() -> None:
+    desc = {"tasks": 1, "cpus_per_task": 64, "memory_per_node": {"set": True, "number": 100}}
+    why = constraints.too_large(desc, [("a", 4, 8000), ("b", 8, 4000)])
+    assert why is not None
+    assert "needs 64 CPUs and 100 MiB" in why and "b, has 8 CPUs and 4000 MiB" in why
+    assert constraints.too_large(desc, [("a", 4, 8000), ("c", 64, 0)]) is None  # c fits
+    assert constraints.too_large(desc, [("a", 0, 0)]) is None  # nothing known: Slurm decides
+    big_mem = {"cpus_per_task": 1, "memory_per_node": {"number": 9000}}
+    assert constraints.too_large(big_mem, [("a", 4, 8000)]) is not None
+    assert constraints.too_large(big_mem, [("a", 4, 9000)]) is None

@@ -725,3 +725,23 @@ async def test_after_a_takeover_no_allocation_is_asked_before_the_labelled_pods_
     pods.upsert(make_pod("third", "u2"))
     await sync.reconcile("ns/third")
     assert slurm.allocations == 1  # nothing of ours waits any more
+
+
+async def test_a_pod_larger_than_every_managed_node_is_not_submitted_until_one_fits() -> None:
+    """64 CPUs asked, 4 per node: Slurm would keep the job pending for good
+    (PartitionConfig); the pod says why, with the numbers, and nothing is submitted."""
+    sync, slurm, _kube, pods = setup()
+    for n in ("n1", "n2"):
+        sync.slurm.informer.nodes[n] = Node.parse(
+            {"name": n, "partitions": ["bridge"], "cpus": 4, "real_memory": 8000}
+        )
+    pod = make_pod("big", "ub")
+    pod["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "64"}}
+    pods.upsert(pod)
+    await sync.reconcile("ns/big")
+    assert slurm.jobs == {} and "ns/big" in sync.unfit
+    sync.slurm.informer.nodes["n2"] = Node.parse(
+        {"name": "n2", "partitions": ["bridge"], "cpus": 64, "real_memory": 8000}
+    )
+    await sync.reconcile("ns/big")  # brought back by the node event
+    assert len(slurm.jobs) == 1 and "ns/big" not in sync.unfit

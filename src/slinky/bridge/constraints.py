@@ -157,3 +157,26 @@ def placement(
         out.excluded.append(name)
         out.why[reason] += 1
     return out
+
+
+# ---------------------------------------------------------------- size
+
+
+def too_large(desc: JSON, nodes: list[tuple[str, int, int]]) -> str | None:
+    """Why no node of `nodes` (Slurm name, CPUs, memory MiB; 0 = not known) could ever
+    hold the one-node job `desc` however empty it is, with the numbers; None when one
+    could, or when nothing is known of the nodes (Slurm decides)."""
+    known = [n for n in nodes if n[1] > 0]
+    if not known:
+        return None
+    want_cpus = int(desc.get("cpus_per_task") or 1) * int(desc.get("tasks") or 1)
+    want_mem = int((desc.get("memory_per_node") or {}).get("number") or 0)
+    for _name, ncpus, mem in known:
+        if ncpus >= want_cpus and (mem == 0 or mem >= want_mem):
+            return None
+    name, ncpus, mem = max(known, key=lambda n: (n[1], n[2]))
+    return (
+        f"the pod needs {want_cpus} CPUs and {want_mem} MiB on one node; the largest of the "
+        f"{len(known)} managed nodes it may use, {name}, has {ncpus} CPUs and {mem} MiB: "
+        "no node can ever run it (lower the pod's requests or add a larger node)"
+    )

@@ -12,6 +12,8 @@
    Before submitting, the pod's nodeSelector, required node affinity and tolerations are
                turned into `excluded_nodes` (see `constraints`); a pod no managed node can
                take is not submitted: PodScheduled=False, `NoManagedNodeFits`, saying why;
+               one larger (CPUs, memory) than every managed node it may use is not either:
+               `Unschedulable`, with the numbers;
 2. `place`   — once Slurm allocated the job, the pod is annotated with the Slurm node and
                bound to the Kubernetes node of that name; while the job pends, the pod says
                so (PodScheduled=False, `SlurmJobPending`, Slurm's reason), and the job's
@@ -365,6 +367,20 @@ class SchedulerSync:
             if await podcontrol.set_unschedulable(self.kube, pod, "NoManagedNodeFits", message):
                 self.recorder.event(
                     pod, events.WARNING, "NoManagedNodeFits", message, action="Schedule"
+                )
+            return DONE  # a node change brings it back
+        informer = self.slurm.informer
+        sizes = [
+            (n, informer.nodes[n].cpus, informer.nodes[n].real_memory)
+            for n in where.allowed
+            if n in informer.nodes
+        ]
+        if (message := constraints.too_large(desc, sizes)) is not None:
+            self.unfit.add(key)
+            SLURM_ERRORS.labels("Unschedulable").inc()
+            if await podcontrol.set_unschedulable(self.kube, pod, "Unschedulable", message):
+                self.recorder.event(
+                    pod, events.WARNING, "Unschedulable", message, action="Schedule"
                 )
             return DONE  # a node change brings it back
         self.unfit.discard(key)
