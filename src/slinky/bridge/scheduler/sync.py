@@ -375,12 +375,12 @@ class SchedulerSync:
             for n in where.allowed
             if n in informer.nodes
         ]
-        if (message := constraints.too_large(desc, sizes)) is not None:
+        if (too_large := constraints.too_large(desc, sizes)) is not None:
             self.unfit.add(key)
             SLURM_ERRORS.labels("Unschedulable").inc()
-            if await podcontrol.set_unschedulable(self.kube, pod, "Unschedulable", message):
+            if await podcontrol.set_unschedulable(self.kube, pod, "Unschedulable", too_large):
                 self.recorder.event(
-                    pod, events.WARNING, "Unschedulable", message, action="Schedule"
+                    pod, events.WARNING, "Unschedulable", too_large, action="Schedule"
                 )
             return DONE  # a node change brings it back
         self.unfit.discard(key)
