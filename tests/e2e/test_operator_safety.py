@@ -15,8 +15,8 @@ import httpx2
 import pytest
 from aiohttp import web
 
-from slinky.kube import rest
-from slinky.operator.nodeset.builder import ANNOTATION_CORDON
+from slinky.kube import conditions, rest
+from slinky.operator.nodeset.builder import ANNOTATION_CORDON, LABEL_PROTECT
 from slinky.operator.nodeset.sync import ANNOTATION_SKIP_DRAIN
 from slinky.operator.resources import CLUSTERS, NODESETS
 from slinky.slurm import errors
@@ -66,7 +66,7 @@ def conf_server_of(pod: JSON) -> str | None:
 async def test_deleting_a_nodeset_waits_for_running_jobs(env: Env) -> None:
     await env.kube.create(NODESETS, nodeset_manifest("del", 2), env.namespace)
     await wait_idle_nodes(env, "del", 2)
-    job = await env.submit("del", 15)
+    job = await env.submit("del", 25)
     busy = await env.running_on(job)
     await env.kube.delete(NODESETS, "del", env.namespace)
 
@@ -83,6 +83,16 @@ async def test_deleting_a_nodeset_waits_for_running_jobs(env: Env) -> None:
     node = await env.slurm_node(busy)
     assert node is not None and node.state.is_drain
     assert node.reason == "slurm-operator: nodeset deleted"
+
+    async def mirrored_drain() -> bool:
+        # The Slurm mirror goes on while the NodeSet is deleted: the drain it made shows on
+        # the pod, which keeps its busy label while the job runs.
+        pod = await env.kube.get(rest.PODS, busy, env.namespace)
+        drain = conditions.find(pod["status"].get("conditions"), "SlurmNodeStateDrain")
+        labels = pod["metadata"].get("labels") or {}
+        return bool(drain and drain["status"] == "True" and labels.get(LABEL_PROTECT) == "true")
+
+    await wait_for(mirrored_drain, timeout=30, what="the pod shows its Slurm node DRAIN")
     await completed_once(env, job)
     await wait_for(lambda: nodeset_gone(env, "del"), timeout=30, what="NodeSet gone")
 

@@ -14,8 +14,8 @@
 
 A NodeSet being deleted runs `finalize` instead: the jobs queued in its partition run first
 (`partition.Partitions.queued_jobs`), then every pod leaves through the same path
-(`scalein.finalize`), and the finalizer goes only when none is left and the NodeSet's
-partition is deleted.
+(`scalein.finalize`), still mirroring Slurm onto the pods that wait, and the finalizer goes
+only when none is left and the NodeSet's partition is deleted.
 
 Pods are built from the Cluster object's `spec.controller` (the `--conf-server` of slurmd),
 never from whether a Slurm connection happens to be up; that address is part of the pod
@@ -430,6 +430,9 @@ class NodeSetSync:
             await status.write_status(self.ctx, view, deleting_message=queued)
             return Result(requeue_after=scalein.DRAIN_RECHECK_S)
         waiting = await scalein.finalize(self.ctx, view)
+        if view.slurm_ready and self.ctx.expectations.satisfied(view.exp_key):
+            # The pods that wait keep showing their Slurm node (and the busy label).
+            await mirror.mirror_slurm(self.ctx, view)
         if not waiting and not await self.partitions.delete(self.ctx, view):
             message = (
                 f"every pod is gone; Slurm partition {partition.partition_name(view)} could "
