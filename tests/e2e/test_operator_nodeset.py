@@ -71,6 +71,13 @@ async def test_scale_out_from_zero_registers_idle_nodes_with_the_nodeset_feature
 
     st = await wait_for(counted, timeout=20, what="status counts")
     assert st["selector"] == "app.kubernetes.io/instance=grow"
+    # The columns the docs point at (docs/upgrading.md: UPDATED reaches REPLICAS).
+    table = env.testbed.kubectl(["-n", env.namespace, "get", "nodesets", "grow"]).stdout
+    header, row = table.splitlines()[:2]
+    assert header.split() == [
+        "NAME", "REPLICAS", "READY", "UPDATED", "IDLE", "ALLOCATED", "DOWN", "DRAIN", "AGE"
+    ], header  # fmt: skip
+    assert row.split()[:8] == ["grow", "3", "3", "3", "3", "0", "0", "0"], row
     assert st["observedGeneration"] == (await env.nodeset("grow"))["metadata"]["generation"]
     pod = (await env.pods("grow"))[0]
     pod_conds = {c["type"]: c["status"] for c in pod["status"]["conditions"]}

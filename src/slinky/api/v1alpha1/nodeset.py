@@ -184,6 +184,12 @@ class NodeSet:
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
     {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas"},
+    {
+        "name": "Updated",
+        "type": "integer",
+        "jsonPath": ".status.updatedReplicas",
+        "description": "Pods of the current template revision",
+    },
     {"name": "Idle", "type": "integer", "jsonPath": ".status.slurmIdle"},
     {"name": "Allocated", "type": "integer", "jsonPath": ".status.slurmAllocated"},
     {"name": "Down", "type": "integer", "jsonPath": ".status.slurmDown"},
