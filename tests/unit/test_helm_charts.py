@@ -766,3 +766,18 @@ def test_operator_chart_without_busy_pod_protection_installs_no_policy() -> None
     objs = render("slurm-operator", "busyPodProtection.enabled=false", namespace="ops")
     assert not kinds(objs, "ValidatingAdmissionPolicy")
     assert not kinds(objs, "ValidatingAdmissionPolicyBinding")
+
+
+def test_setting_one_key_of_a_nodeset_entry_says_how_to_do_it() -> None:
+    """`--set compute.nodesets[0].replicas=3` replaces the whole entry (Helm sets list
+    entries whole): the error says so and how to set it, not only "missing property"."""
+    out = helm(
+        "template", "x", str(CHARTS / "slurm"), "--set", "compute.nodesets[0].replicas=3",
+        check=False,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert "compute.nodesets[0].name is missing" in out.stderr, out.stderr
+    assert "compute.nodesets[0].name=debug,compute.nodesets[0].replicas=3" in out.stderr
+    objs = render("slurm", "compute.nodesets[0].name=debug,compute.nodesets[0].replicas=3")
+    (ns,) = [o for o in objs if o["kind"] == "NodeSet"]
+    assert ns["spec"]["replicas"] == 3

@@ -136,8 +136,11 @@ priorityClassName: {{ . }}
 {{- /* compute.nodesets, each entry merged over compute.nodesetDefaults, as JSON. */ -}}
 {{- define "slurm.nodesets" -}}
 {{- $out := list }}
-{{- range .Values.compute.nodesets }}
-{{- $out = append $out (mustMergeOverwrite (deepCopy $.Values.compute.nodesetDefaults) .) }}
+{{- range $i, $n := .Values.compute.nodesets }}
+{{- if not $n.name }}
+{{- fail (printf "compute.nodesets[%d].name is missing. Helm's --set replaces a list entry whole: --set compute.nodesets[%d].replicas=3 drops the entry's name (and every other key). Give the whole entry (--set compute.nodesets[%d].name=debug,compute.nodesets[%d].replicas=3) or use a values file (-f)" $i $i $i $i) }}
+{{- end }}
+{{- $out = append $out (mustMergeOverwrite (deepCopy $.Values.compute.nodesetDefaults) $n) }}
 {{- end }}
 {{- toJson $out }}
 {{- end }}
