@@ -36,6 +36,7 @@ def test_crd_schema_has_scale_subresource_and_columns() -> None:
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
         "Replicas",
         "Ready",
+        "Updated",
         "Idle",
         "Allocated",
         "Down",

@@ -24,7 +24,7 @@ CLIENTS = Gauge("slinky_slurm_clients", "Slurm connections held by the operator 
 CONNECTED = Gauge(
     "slinky_slurm_client_info",
     "1 for each Cluster with a live Slurm client and informer",
-    ["cluster", "server"],
+    ["namespace", "cluster", "server"],
 )
 
 ClusterEventSubscriber = Callable[[str, SlurmEvent], None]
@@ -87,7 +87,7 @@ class ClusterClients:
             conn.informer.want_partitions(WATCH_JOBS_KEY, True)
         self._by_key[conn.cluster_key] = conn
         conn.informer.start()
-        CONNECTED.labels(conn.cluster_key, conn.server).set(1)
+        CONNECTED.labels(*conn.cluster_key.split("/", 1), conn.server).set(1)
         CLIENTS.set(len(self._by_key))
         log.info("cluster %s: Slurm client for %s started", conn.cluster_key, conn.server)
 
@@ -106,7 +106,7 @@ class ClusterClients:
         await conn.informer.stop()
         await conn.client.close()
         with contextlib.suppress(KeyError):
-            CONNECTED.remove(conn.cluster_key, conn.server)
+            CONNECTED.remove(*conn.cluster_key.split("/", 1), conn.server)
 
     async def close_all(self) -> None:
         for key in list(self._by_key):

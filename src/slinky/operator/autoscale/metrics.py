@@ -185,7 +185,9 @@ class Gauges(Collector):
     def collect(self) -> Iterator[GaugeMetricFamily]:
         part = {
             m: GaugeMetricFamily(
-                m, HELP[m.removeprefix("slurm_partition_")], labels=["cluster", "partition"]
+                m,
+                HELP[m.removeprefix("slurm_partition_")],
+                labels=["namespace", "cluster", "partition"],
             )
             for m in PARTITION_METRICS
         }
@@ -197,10 +199,11 @@ class Gauges(Collector):
         }
         by_cluster = dict(self.metrics.clusters())
         for key, stats in by_cluster.items():
+            cluster_ns, _, cluster_name = key.partition("/")
             for name, p in stats.partitions.items():
                 for m, fam in part.items():
                     if stats.jobs_known or not is_job_metric(m):
-                        fam.add_metric([key, name], p.value(m))
+                        fam.add_metric([cluster_ns, cluster_name, name], p.value(m))
         for obj in self.nodesets():
             ns, name = obj["metadata"]["namespace"], obj["metadata"]["name"]
             cluster = (obj.get("spec") or {}).get("clusterName")
