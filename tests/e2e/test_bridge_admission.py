@@ -91,7 +91,7 @@ CREATE_RULES = [
         "unknown slurmjob key",
         {"annotations": {SLURMJOB_PREFIX + "acount": "a"}},
         {},
-        f"unknown annotation {SLURMJOB_PREFIX}acount",
+        f"unknown annotation {SLURMJOB_PREFIX}acount (did you mean {SLURMJOB_PREFIX}account?)",
     ),
     (
         "integer",

@@ -121,7 +121,16 @@ def test_every_rule_has_a_distinct_message() -> None:
         (pod(annotations={SLURM_NODE: "n1"}), f"annotation {SLURM_NODE} is set by slurm-bridge"),
         (
             pod(annotations={SLURMJOB_PREFIX + "timelimt": "5"}),
-            f"unknown annotation {SLURMJOB_PREFIX}timelimt; known",
+            f"unknown annotation {SLURMJOB_PREFIX}timelimt (did you mean "
+            f"{SLURMJOB_PREFIX}timelimit?); known",
+        ),
+        (
+            pod(annotations={SLURMJOB_PREFIX + "cpus-per-task": "2"}),
+            f"(did you mean {SLURMJOB_PREFIX}cpu-per-task?)",
+        ),
+        (
+            pod(annotations={SLURMJOB_PREFIX + "colour": "2"}),
+            f"unknown annotation {SLURMJOB_PREFIX}colour; known",
         ),
         (
             pod(annotations={SLURMJOB_PREFIX + "cpu-per-task": "two"}),

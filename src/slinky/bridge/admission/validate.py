@@ -8,6 +8,7 @@ checked only where they changed, so a pod admitted before a rule existed is neve
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -127,7 +128,9 @@ def _annotation_changed(req: Request) -> Iterator[dict[str, Any]]:
 def _unknown_key(req: Request) -> Iterator[dict[str, Any]]:
     for key, short, _ in req.new_slurmjob_annotations():
         if short not in SLURMJOB_KEYS:
-            yield {"key": key}
+            close = difflib.get_close_matches(short, SLURMJOB_KEYS, n=1, cutoff=0.7)
+            hint = f" (did you mean {SLURMJOB_PREFIX}{close[0]}?)" if close else ""
+            yield {"key": key, "hint": hint}
 
 
 def _not_whole(req: Request) -> Iterator[dict[str, Any]]:
@@ -228,7 +231,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "slurmjob-unknown-key",
         BOTH,
-        "unknown annotation {key}; known " + SLURMJOB_PREFIX + " keys: " + KNOWN,
+        "unknown annotation {key}{hint}; known " + SLURMJOB_PREFIX + " keys: " + KNOWN,
         _unknown_key,
     ),
     Rule(
