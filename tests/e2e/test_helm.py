@@ -26,6 +26,8 @@ from typing import Any
 import pytest
 import yaml
 
+from slinky.bridge.labels import FINALIZER as BRIDGE_FINALIZER
+from slinky.bridge.labels import MANAGED_NODE_TAINT
 from slinky.kube import rest
 from slinky.operator.nodeset.builder import LABEL_PROTECT
 from slinky.operator.resources import CLUSTERS, NODESETS
@@ -644,9 +646,50 @@ async def test_helm_installs_operator_slurm_and_bridge_that_run_jobs_upgrade_and
     )
 
     # ------------------------------------------------ uninstall: drain first, nothing left
+    # What the bridge marks outside its release (here by hand: the test bed's node is not
+    # tainted, see above): its taint on a node, its finalizer on a pod. The uninstall hook
+    # takes both off.
+    kwok = i.testbed.load().kwok_nodes[0]
+    taint = {"key": MANAGED_NODE_TAINT, "value": f"{i.bridge_release}-scheduler",
+             "effect": "NoExecute"}  # fmt: skip
+    await kube.patch(rest.NODES, kwok, {"spec": {"taints": [taint]}})
+    held = f"held-{uuid.uuid4().hex[:6]}"
+    await kube.create(
+        rest.PODS,
+        {
+            "metadata": {"name": held, "finalizers": [BRIDGE_FINALIZER]},
+            "spec": {
+                "schedulerName": "nobody",
+                "containers": [{"name": "c", "image": nodes.image_ref("slinky")}],
+            },
+        },
+        i.jobs_ns,
+    )
     await i.helm("uninstall", i.bridge_release, "-n", i.slurm_ns, "--wait")
+    node = await kube.get(rest.NODES, kwok)
+    assert taint not in (node["spec"].get("taints") or []), node["spec"]
+    left = await kube.get(rest.PODS, held, i.jobs_ns)
+    assert BRIDGE_FINALIZER not in (left["metadata"].get("finalizers") or [])
+    await kube.delete(rest.PODS, held, i.jobs_ns)
     job = await submit(i, "batch", 30)
     await running(i, job)
+    # A NodeSet made by hand for the release's Cluster goes with it (not left orphaned).
+    chart_made = await kube.get(NODESETS, i.nodeset("batch"), i.slurm_ns)
+    by_hand = {
+        "apiVersion": "slinky.slurm.net/v1alpha1",
+        "kind": "NodeSet",
+        "metadata": {"name": "by-hand"},
+        "spec": {
+            "clusterName": chart_made["spec"]["clusterName"],
+            "replicas": 0,
+            "selector": {"matchLabels": {"app": "by-hand"}},
+            "template": {
+                "metadata": {"labels": {"app": "by-hand"}},
+                "spec": {"containers": [{"name": "slurmd", "image": nodes.image_ref("slurm")}]},
+            },
+        },
+    }
+    await kube.create(NODESETS, by_hand, i.slurm_ns)
     start = time.monotonic()
     uninstall = asyncio.create_task(
         i.helm("uninstall", i.slurm_release, "-n", i.slurm_ns, "--wait", "--timeout", "5m")
@@ -662,6 +705,8 @@ async def test_helm_installs_operator_slurm_and_bridge_that_run_jobs_upgrade_and
     await completed(i, job)
     await uninstall
     i.timings["helm uninstall slurm (a 30 s job running)"] = time.monotonic() - start
+    left = [n["metadata"]["name"] for n in (await kube.list(NODESETS, i.slurm_ns))["items"]]
+    assert left == [], left
     await nothing_left(i, i.slurm_ns, i.slurm_release)
     await nothing_left(i, i.slurm_ns, i.bridge_release)
     released = await i.kube.get(PVS, i.storage_class)

@@ -629,7 +629,12 @@ def test_uninstall_drains_the_nodesets_before_anything_else_goes() -> None:
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
     container = job["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e["value"] for e in container["env"]}
-    assert env["SELECTOR"] == "app.kubernetes.io/instance=slurm,app.kubernetes.io/managed-by=Helm"
+    # Every NodeSet naming the release's Cluster goes first, also one made by hand.
+    assert env["CLUSTER"] == "slurm" and env["RELEASE"] == "slurm"
+    (role,) = [o for o in objs if o["kind"] == "Role" and o["metadata"]["name"] == "slurm-cleanup"]
+    assert role["rules"] == [
+        {"apiGroups": ["slinky.slurm.net"], "resources": ["nodesets"], "verbs": ["list", "delete"]}
+    ]
     # The script compiles (it runs in the Slinky image's Python).
     compile(container["args"][2], "cleanup", "exec")
     assert not kinds(render("slurm", "cleanup.enabled=false"), "Job")
@@ -781,3 +786,30 @@ def test_setting_one_key_of_a_nodeset_entry_says_how_to_do_it() -> None:
     objs = render("slurm", "compute.nodesets[0].name=debug,compute.nodesets[0].replicas=3")
     (ns,) = [o for o in objs if o["kind"] == "NodeSet"]
     assert ns["spec"]["replicas"] == 3
+
+
+def test_bridge_uninstall_stops_it_then_takes_its_taint_and_finalizer_off() -> None:
+    objs = render("slurm-bridge", release="slurm-bridge")
+    job = one(objs, "Job", "slurm-bridge-cleanup")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    args = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[:3] == ["python3", "-m", "slinky.bridge.uninstall"]
+    flags = dict(a.removeprefix("--").split("=", 1) for a in args[3:])
+    assert flags["scheduler-name"] == "slurm-bridge-scheduler"
+    assert flags["deployments"] == "slurm-bridge-scheduler,slurm-bridge-controllers"
+    assert {"slurm-bridge-scheduler", "slurm-bridge-controllers"} <= {
+        o["metadata"]["name"] for o in objs if o["kind"] == "Deployment"
+    }
+    (role,) = [
+        o for o in objs if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith("-cleanup")
+    ]
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes", "pods"], "verbs": ["list", "patch"]}
+    ]
+    # The flags are the module's own.
+    from slinky.bridge import uninstall
+
+    with pytest.raises(SystemExit) as help_exit:
+        uninstall.main(["--help"])
+    assert help_exit.value.code == 0
+    assert not kinds(render("slurm-bridge", "cleanup.enabled=false", release="b"), "Job")

@@ -1,0 +1,55 @@
+"""The bridge's uninstall hook: its own taint and finalizer come off, nothing else."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from slinky.bridge import uninstall
+from slinky.bridge.labels import FINALIZER, MANAGED_NODE_TAINT
+from slinky.kube import rest
+
+JSON = dict[str, Any]
+OURS = {"key": MANAGED_NODE_TAINT, "value": "s1", "effect": "NoExecute"}
+OTHER_BRIDGE = {"key": MANAGED_NODE_TAINT, "value": "s2", "effect": "NoExecute"}
+ADMIN = {"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}
+
+
+class FakeKube:
+    def __init__(self, nodes: list[JSON], pods: list[JSON]) -> None:
+        self.items = {rest.NODES.plural: nodes, rest.PODS.plural: pods}
+        self.patches: list[tuple[str, str, Any]] = []
+
+    async def list(self, res: rest.Resource, *_a: Any, **_k: Any) -> JSON:
+        return {"items": self.items[res.plural]}
+
+    async def patch(self, res: rest.Resource, name: str, body: Any, *_a: Any, **_k: Any) -> JSON:
+        self.patches.append((res.plural, name, body))
+        return {}
+
+
+def test_only_this_bridges_taint_is_taken_off() -> None:
+    node = {"metadata": {"name": "n"}, "spec": {"taints": [ADMIN, OURS, OTHER_BRIDGE]}}
+    assert uninstall.without_our_taint(node, "s1") == [ADMIN, OTHER_BRIDGE]
+    assert uninstall.without_our_taint(node, "s3") is None
+    assert uninstall.without_our_taint({"metadata": {"name": "m"}, "spec": {}}, "s1") is None
+
+
+async def test_run_patches_tainted_nodes_and_held_pods_only() -> None:
+    nodes = [
+        {"metadata": {"name": "a"}, "spec": {"taints": [OURS]}},
+        {"metadata": {"name": "b"}, "spec": {"taints": [ADMIN]}},
+    ]
+    pods = [
+        {"metadata": {"name": "p", "namespace": "ns", "finalizers": ["x", FINALIZER]}},
+        {"metadata": {"name": "q", "namespace": "ns", "finalizers": ["x"]}},
+    ]
+    kube = FakeKube(nodes, pods)
+    await uninstall.run(kube, "s1")  # type: ignore[arg-type]
+    assert [(r, n) for r, n, _ in kube.patches] == [("nodes", "a"), ("pods", "p")]
+    node_patch, pod_patch = kube.patches[0][2], kube.patches[1][2]
+    assert node_patch[0] == {"op": "test", "path": "/spec/taints", "value": [OURS]}
+    assert node_patch[1] == {"op": "replace", "path": "/spec/taints", "value": []}
+    assert pod_patch == [
+        {"op": "test", "path": "/metadata/finalizers/1", "value": FINALIZER},
+        {"op": "remove", "path": "/metadata/finalizers/1"},
+    ]
