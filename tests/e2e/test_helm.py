@@ -712,8 +712,32 @@ async def test_helm_installs_operator_slurm_and_bridge_that_run_jobs_upgrade_and
     released = await i.kube.get(PVS, i.storage_class)
     assert released["status"]["phase"] == "Released"  # the claim went with the StatefulSet
 
+    # A namespace of Slinky objects deleted right before the operator is uninstalled: the
+    # uninstall hook waits while the operator takes its finalizer off, so the namespace
+    # does not stay Terminating for good.
+    doomed = f"doomed-{uuid.uuid4().hex[:6]}"
+    await kube.create(rest.NAMESPACES, {"metadata": {"name": doomed}})
+    await kube.create(NODESETS, {**by_hand, "metadata": {"name": "left"}}, doomed)
+
+    async def finalized() -> bool:
+        got = await kube.get(NODESETS, "left", doomed)
+        return bool(got["metadata"].get("finalizers"))
+
+    await wait_for(finalized, timeout=60, what="the operator's finalizer on the NodeSet")
+    await kube.delete(rest.NAMESPACES, doomed)
     await i.helm("uninstall", i.operator_release, "-n", i.operator_ns, "--wait")
     await nothing_left(i, i.operator_ns, i.operator_release)
+
+    async def namespace_gone() -> bool:
+        try:
+            await kube.get(rest.NAMESPACES, doomed)
+        except rest.ApiError as e:
+            if e.not_found:
+                return True
+            raise
+        return False
+
+    await wait_for(namespace_gone, timeout=120, what=f"namespace {doomed} gone")
     mine = (i.operator_release, i.bridge_release)
     for res in (CLUSTER_ROLES, ADMISSION_POLICIES, ADMISSION_POLICY_BINDINGS):
         names = [o["metadata"]["name"] for o in (await kube.list(res))["items"]]

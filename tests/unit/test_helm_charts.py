@@ -813,3 +813,22 @@ def test_bridge_uninstall_stops_it_then_takes_its_taint_and_finalizer_off() -> N
         uninstall.main(["--help"])
     assert help_exit.value.code == 0
     assert not kinds(render("slurm-bridge", "cleanup.enabled=false", release="b"), "Job")
+
+
+def test_operator_uninstall_waits_for_what_it_still_finalizes() -> None:
+    objs = render("slurm-operator", release="slurm-operator")
+    job = one(objs, "Job", "slurm-operator-cleanup")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"] == ["python3", "-m", "slinky.operator.uninstall"]
+    (role,) = [
+        o for o in objs if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith("-cleanup")
+    ]
+    assert role["rules"] == [
+        {
+            "apiGroups": ["slinky.slurm.net"],
+            "resources": ["clusters", "nodesets"],
+            "verbs": ["list"],
+        }
+    ]
+    assert not kinds(render("slurm-operator", "cleanup.enabled=false"), "Job")

@@ -1,0 +1,89 @@
+"""What `helm uninstall` of the operator runs first (a pre-delete hook Job), while the operator
+still runs: Clusters and NodeSets carry the operator's finalizer, and only the operator takes
+it off (after draining). One that is being deleted (say, its namespace was deleted just
+before the uninstall) is waited for here, so the operator finishes it; without this, it
+would stay `Terminating` for good once the operator is gone, and the namespace with it.
+Those not being deleted are listed in the output, with what to do about them.
+
+    python -m slinky.operator.uninstall [--timeout=1h] [--kubeconfig=...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from typing import Any
+
+from slinky.kube import rest
+from slinky.operator.resources import CLUSTERS, FINALIZER, NODESETS
+
+JSON = dict[str, Any]
+
+
+async def held(kube: rest.Kube) -> tuple[list[str], list[str]]:
+    """(being deleted, staying): 'Kind namespace/name' of the objects with our finalizer."""
+    deleting: list[str] = []
+    staying: list[str] = []
+    for res in (NODESETS, CLUSTERS):
+        for obj in (await kube.list(res))["items"]:
+            meta = obj["metadata"]
+            if FINALIZER not in (meta.get("finalizers") or []):
+                continue
+            what = f"{res.kind} {meta.get('namespace')}/{meta['name']}"
+            (deleting if meta.get("deletionTimestamp") else staying).append(what)
+    return deleting, staying
+
+
+async def run(
+    kube: rest.Kube, *, timeout: float, interval: float = 5.0, clock: Any = time.monotonic
+) -> int:
+    """0 when nothing being deleted is left holding the finalizer, 1 at the timeout."""
+    deadline = clock() + timeout
+    while True:
+        deleting, staying = await held(kube)
+        if not deleting:
+            break
+        if clock() > deadline:
+            print(
+                f"still being deleted after {timeout:.0f}s (the operator drains them: jobs "
+                f"still run): {', '.join(deleting)}. Uninstalling the operator now would leave "
+                "them Terminating for good; wait for their jobs, or annotate them "
+                "nodeset.slinky.slurm.net/delete-without-drain=true",
+                flush=True,
+            )
+            return 1
+        print(f"waiting for the operator to finish: {', '.join(deleting)}", flush=True)
+        await asyncio.sleep(interval)
+    if staying:
+        print(
+            f"left in place with the operator's finalizer {FINALIZER}: {', '.join(staying)}. "
+            "Delete them while an operator runs; once it is gone, deleting one needs "
+            'kubectl patch <kind> <name> --type=merge -p \'{"metadata":{"finalizers":null}}\''
+            " (no drain: running jobs are lost)",
+            flush=True,
+        )
+    else:
+        print("no Cluster or NodeSet holds the operator's finalizer", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m slinky.operator.uninstall", description=__doc__)
+    p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait")
+    p.add_argument("--kubeconfig", default=None)
+    args = p.parse_args(argv)
+
+    async def go() -> int:
+        kube = rest.Kube.from_kubeconfig(args.kubeconfig)
+        try:
+            return await run(kube, timeout=args.timeout)
+        finally:
+            await kube.close()
+
+    return asyncio.run(go())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
