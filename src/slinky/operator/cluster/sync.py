@@ -16,10 +16,12 @@ reading the last Slurm state meanwhile.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import hashlib
 import logging
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +37,7 @@ from slinky.kube.controller import DONE, Result
 from slinky.kube.informer import MultiInformer, NamedInformers, NotSynced
 from slinky.kube.store import split_key
 from slinky.operator.clients import ClusterClients, Connection
+from slinky.operator.cluster import diagnose
 from slinky.operator.resources import CLUSTERS, FINALIZER
 from slinky.slurm import errors
 from slinky.slurm.client import SlurmClient
@@ -124,6 +127,39 @@ def resolve_auth(
     )
 
 
+# Slurm's errors for a failed exchange with slurmctld (slurm_errno.h: the communication
+# errors, and their slurmctld variants).
+SLURMCTLD_COMM_ERRNOS = frozenset({1001, 1002, 1003, 1004, 1800, 1801, 1802, 1803})
+PROBE_TIMEOUT_S = 3.0
+
+
+def slurmctld_trouble(e: errors.SlurmError) -> bool:
+    """Whether slurmrestd answered that it could not talk to slurmctld."""
+    return any(
+        x.error_number in SLURMCTLD_COMM_ERRNOS
+        or "controller" in f"{x.error} {x.description}".lower()
+        for x in e.errors
+    )
+
+
+async def listening(url: str) -> bool:
+    """Whether something accepts TCP connections at the URL's host and port."""
+    u = urllib.parse.urlsplit(url)
+    if not u.hostname:
+        return False
+    port = u.port or (443 if u.scheme == "https" else 80)
+    try:
+        _, writer = await asyncio.wait_for(
+            asyncio.open_connection(u.hostname, port), PROBE_TIMEOUT_S
+        )
+    except (OSError, TimeoutError):
+        return False
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True
+
+
 class ClusterSync:
     """The Cluster reconciler."""
 
@@ -180,38 +216,78 @@ class ClusterSync:
 
         conn = await self._connection(key, obj, cspec, auth, poll_interval)
         if self._answered_lately(conn):
-            return await self._connected(obj, cspec, conn, auth)
+            # The evidence expires one ping interval after that poll: look again then.
+            age = conn.informer.polled_ago
+            return await self._connected(obj, cspec, conn, auth, self.opts.ping_interval - age)
         try:
             ping = await conn.client.ping()
         except errors.SlurmAuthError as e:
-            return await self._not_ready(
-                key,
-                obj,
-                "Unauthorized",
-                f"slurmrestd at {cspec.server} refused {auth.source} ({e}); "
-                "check that the token is valid and unexpired, or use spec.jwtKeyRef",
+            hint = (
+                "the key differs from the one slurmctld and slurmrestd read at their start "
+                "(a rotated key needs both restarted; the slurm chart rolls them)"
+                if cspec.jwt_key_ref is not None
+                else "check that the token is valid and unexpired, or use spec.jwtKeyRef"
             )
+            return await self._not_ready(
+                key, obj, "Unauthorized", f"slurmrestd at {cspec.server} refused {auth.source} "
+                f"({e}); {hint}"
+            )  # fmt: skip
         except errors.SlurmUnavailable as e:
-            return await self._not_ready(
-                key,
-                obj,
-                "Unreachable",
-                f"cannot reach slurmrestd at {cspec.server}: {e}; check spec.server and that "
-                "slurmrestd is running",
-            )
+            return await self._unreachable(key, obj, cspec, e)
         except errors.SlurmVersionUnsupported as e:
             return await self._not_ready(key, obj, "UnsupportedVersion", str(e))
         except errors.SlurmError as e:
+            if slurmctld_trouble(e):
+                return await self._slurmctld_down(
+                    key, obj, cspec, f"slurmrestd at {cspec.server} answers, but not slurmctld: {e}"
+                )
             return await self._not_ready(key, obj, "SlurmError", f"{cspec.server}: {e}")
         if not ping.responding:
-            return await self._not_ready(
+            return await self._slurmctld_down(
                 key,
                 obj,
-                "SlurmctldNotResponding",
+                cspec,
                 f"slurmrestd at {cspec.server} answers but slurmctld does not respond to ping",
             )
 
         return await self._connected(obj, cspec, conn, auth)
+
+    async def _unreachable(
+        self, key: str, obj: JSON, cspec: ClusterSpec, e: errors.SlurmError
+    ) -> Result:
+        """slurmrestd's answer did not come: slurmctld's pod may say why; else, when slurmrestd
+        accepts connections, it is waiting on slurmctld (or stuck), not gone."""
+        if await listening(cspec.server):
+            return await self._slurmctld_down(
+                key,
+                obj,
+                cspec,
+                f"slurmrestd at {cspec.server} accepts connections but does not answer ({e}): "
+                "it waits on slurmctld, which does not respond (or slurmrestd is stuck); check "
+                "slurmctld first",
+            )
+        problem = await self._controller_problem(obj, cspec)
+        if problem is not None:
+            return await self._not_ready(key, obj, *problem)
+        return await self._not_ready(
+            key,
+            obj,
+            "Unreachable",
+            f"cannot reach slurmrestd at {cspec.server}: {e}; check spec.server and that "
+            "slurmrestd is running",
+        )
+
+    async def _slurmctld_down(self, key: str, obj: JSON, cspec: ClusterSpec, said: str) -> Result:
+        problem = await self._controller_problem(obj, cspec)
+        if problem is not None:
+            return await self._not_ready(key, obj, *problem)
+        return await self._not_ready(key, obj, "SlurmctldNotResponding", said)
+
+    async def _controller_problem(self, obj: JSON, cspec: ClusterSpec) -> tuple[str, str] | None:
+        host = cspec.controller.host if cspec.controller else None
+        return await diagnose.controller_problem(
+            self.kube, host, str(obj["metadata"].get("namespace") or "")
+        )
 
     def _answered_lately(self, conn: Connection) -> bool:
         """Whether slurmctld answered a poll of the informer within the ping interval (a
@@ -222,11 +298,16 @@ class ClusterSync:
             bool(conn.client.slurm_release)  # pinged once: the version is known
             and informer.has_synced
             and not informer.stale
-            and informer.polled_ago < self.opts.ping_interval + informer.interval
+            and informer.polled_ago < self.opts.ping_interval
         )
 
     async def _connected(
-        self, obj: JSON, cspec: ClusterSpec, conn: Connection, auth: Auth
+        self,
+        obj: JSON,
+        cspec: ClusterSpec,
+        conn: Connection,
+        auth: Auth,
+        recheck: float | None = None,
     ) -> Result:
         self._failures.pop(conn.cluster_key, None)
         nodes = len(conn.informer.nodes) if conn.informer.has_synced else None
@@ -245,7 +326,7 @@ class ClusterSync:
         if nodes is not None:
             status["nodes"] = nodes
         await self._write_status(obj, status, True, "Connected", message)
-        return Result(requeue_after=self.opts.ping_interval)
+        return Result(requeue_after=max(1.0, recheck or self.opts.ping_interval))
 
     async def _connection(
         self, key: str, obj: JSON, cspec: ClusterSpec, auth: Auth, poll_interval: float
