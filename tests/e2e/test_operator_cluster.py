@@ -3,6 +3,7 @@ against the real apiserver and slurmrestd; and the CRDs' validation."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import subprocess
 import time
@@ -126,6 +127,87 @@ async def test_each_failure_has_its_reason_and_fixing_it_recovers(
     await kube.patch(CLUSTERS, "c", {"spec": {"server": testbed.slurm_rest_url}}, namespace)
     await wait_reason(kube, namespace, "c", "Connected")
     assert operator.proc.poll() is None, "no restart needed"
+
+
+async def test_slurmctld_down_behind_a_running_slurmrestd_is_blamed_on_slurmctld(
+    kube: rest.Kube, testbed: Testbed, operator: OperatorProcess, namespace: str
+) -> None:
+    """slurmrestd answers (or accepts connections), slurmctld does not: the condition says
+    slurmctld, not 'check that slurmrestd is running'."""
+    await kube.create(
+        rest.SECRETS, secret("tok", **{"auth-token": testbed.mint_slurm_token()}), namespace
+    )
+    await kube.create(
+        CLUSTERS, cluster("c", testbed.slurm_rest_url, token={"secretRef": "tok"}), namespace
+    )
+    await wait_reason(kube, namespace, "c", "Connected")
+    await asyncio.to_thread(testbed.stop_component, "slurmctld")
+    try:
+        # The operator pings every 5 s here; the deadline leaves room for slurmrestd's own
+        # timeouts towards a slurmctld that is gone.
+        obj = await wait_reason(kube, namespace, "c", "SlurmctldNotResponding", timeout=60)
+        message = condition(obj)["message"]
+        assert "slurmctld" in message and "check spec.server" not in message, message
+    finally:
+        await asyncio.to_thread(testbed.start_component, "slurmctld")
+    await wait_reason(kube, namespace, "c", "Connected", timeout=60)
+
+
+async def test_a_slurmctld_pod_waiting_for_its_claim_is_named_on_the_cluster(
+    kube: rest.Kube, testbed: Testbed, operator: OperatorProcess, namespace: str
+) -> None:
+    """What a chart install on a cluster without a StorageClass looks like: slurmctld's pod
+    Pending on its claim, slurmrestd not answering. The Cluster names the pod and the claim
+    (found through the Service of spec.controller.host), not slurmrestd."""
+    await kube.create(
+        rest.SERVICES,
+        {
+            "metadata": {"name": "ctld"},
+            "spec": {
+                "clusterIP": "None",
+                "selector": {"app": "ctld-e2e"},
+                "ports": [{"port": 6817}],
+            },
+        },
+        namespace,
+    )
+    await kube.create(
+        rest.PVCS,
+        {
+            "metadata": {"name": "state-ctld-0"},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+        namespace,
+    )
+    await kube.create(
+        rest.PODS,
+        {
+            "metadata": {"name": "ctld-0", "labels": {"app": "ctld-e2e"}},
+            "spec": {
+                "containers": [{"name": "slurmctld", "image": "localhost/none:0"}],
+                "volumes": [
+                    {"name": "state", "persistentVolumeClaim": {"claimName": "state-ctld-0"}}
+                ],
+            },
+        },
+        namespace,
+    )  # fmt: skip
+    await kube.create(
+        rest.SECRETS, secret("tok", **{"auth-token": testbed.mint_slurm_token()}), namespace
+    )
+    closed = procs.free_port()
+    spec = {
+        "token": {"secretRef": "tok"},
+        "controller": {"host": f"ctld.{namespace}.svc.cluster.local", "port": 6817},
+    }
+    await kube.create(CLUSTERS, cluster("c", f"http://127.0.0.1:{closed}", **spec), namespace)
+    obj = await wait_reason(kube, namespace, "c", "SlurmctldPodPending", timeout=60)
+    message = condition(obj)["message"]
+    assert f"waiting for slurmctld's pod {namespace}/ctld-0: Pending" in message, message
+    assert "its claim state-ctld-0 is Pending" in message, message
 
 
 async def test_token_rotation_in_the_secret_is_picked_up(
