@@ -473,28 +473,25 @@ async def test_helm_installs_operator_slurm_and_bridge_that_run_jobs_upgrade_and
 
     # ------------------------------------------------ a pod of a managed namespace, via Slurm
     await idle_nodes(i, "slurm-bridge", 1)
-    await kube.create(
-        rest.PODS,
-        {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "hello"},
-            "spec": {
-                "restartPolicy": "Never",
-                "terminationGracePeriodSeconds": 5,
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": nodes.image_ref("slurm"),
-                        "imagePullPolicy": "IfNotPresent",
-                        "args": ["sh", "-c", "echo hello from $(hostname)"],
-                        "resources": {"requests": {"cpu": "100m", "memory": "32Mi"}},
-                    }
-                ],
-            },
+    hello = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "hello"},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 5,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": nodes.image_ref("slurm"),
+                    "imagePullPolicy": "IfNotPresent",
+                    "args": ["sh", "-c", "echo hello from $(hostname)"],
+                    "resources": {"requests": {"cpu": "100m", "memory": "32Mi"}},
+                }
+            ],
         },
-        i.jobs_ns,
-    )
+    }
+    await kube.create(rest.PODS, hello, i.jobs_ns)
 
     async def succeeded() -> JSON | None:
         pod = await kube.get(rest.PODS, "hello", i.jobs_ns)
@@ -644,6 +641,30 @@ async def test_helm_installs_operator_slurm_and_bridge_that_run_jobs_upgrade_and
         await i.secret_data(i.slurm_ns, f"{i.bridge_release}-slurm-bridge-webhook-tls")
         == (keys[f"{i.bridge_release}-slurm-bridge-webhook-tls"])
     )
+
+    # ------------------------------------------------ a JWT key made anew is picked up
+    # The key Secret deleted (a leak, a rotation): the next upgrade makes a new key and rolls
+    # slurmctld and slurmrestd; the operator re-keys from the Secret and the bridge from its
+    # mounted file, with no restart by hand. A bridge pod runs through Slurm again.
+    jwt_secret = f"{i.slurm_release}-jwt-key"
+    await kube.delete(rest.SECRETS, jwt_secret, i.slurm_ns)
+    start = time.monotonic()
+    await i.helm(
+        "upgrade", i.slurm_release, str(CHARTS / "slurm"), "-n", i.slurm_ns, "--reuse-values",
+        "--wait", "--timeout", "5m",
+    )  # fmt: skip
+    assert await i.secret_data(i.slurm_ns, jwt_secret) != keys[jwt_secret]
+    ctld_rekeyed = (await i.pods(i.slurm_ns, "app.kubernetes.io/component=controller"))[0]
+    assert ctld_rekeyed["metadata"]["uid"] != ctld_after["metadata"]["uid"], "slurmctld kept"
+    await wait_for(cluster_ready, timeout=120, interval=0.5, what="Cluster Connected again")
+    await kube.create(rest.PODS, {**hello, "metadata": {"name": "hello-rekeyed"}}, i.jobs_ns)
+
+    async def rekeyed_pod_done() -> JSON | None:
+        pod = await kube.get(rest.PODS, "hello-rekeyed", i.jobs_ns)
+        return pod if (pod.get("status") or {}).get("phase") == "Succeeded" else None
+
+    await wait_for(rekeyed_pod_done, timeout=300, interval=1, what="bridge pod after re-key")
+    i.timings["JWT key made anew: upgrade to a bridge pod through Slurm"] = time.monotonic() - start
 
     # ------------------------------------------------ uninstall: drain first, nothing left
     # What the bridge marks outside its release (here by hand: the test bed's node is not

@@ -745,3 +745,29 @@ async def test_a_pod_larger_than_every_managed_node_is_not_submitted_until_one_f
     )
     await sync.reconcile("ns/big")  # brought back by the node event
     assert len(slurm.jobs) == 1 and "ns/big" not in sync.unfit
+
+
+async def test_a_pod_waiting_because_slurm_refuses_the_bridges_credentials_says_so() -> None:
+    """A rotated JWT key: slurmrestd refuses every request; the pod's condition says why it
+    waits (it used to sit Pending with nothing said)."""
+    sync, slurm, kube, pods = setup()
+    written: list[JSON] = []
+
+    async def patch(_res: Any, name: str, body: Any, ns: str, **kw: Any) -> JSON:
+        if kw.get("subresource") == "status":
+            written.append(body["status"]["conditions"][0])
+            return {}
+        return await FakeKube.patch(kube, _res, name, body, ns, **kw)
+
+    kube.patch = patch  # type: ignore[method-assign]
+
+    async def refused(_desc: JSON, **_kw: Any) -> int:
+        raise errors.SlurmAuthError("Unauthorized", status=401)
+
+    slurm.submit_job = refused  # type: ignore[method-assign]
+    slurm.allocate_job = refused  # type: ignore[method-assign]
+    pods.upsert(make_pod("p", "u1"))
+    with contextlib.suppress(errors.SlurmAuthError):
+        await sync.reconcile("ns/p")
+    assert written and written[-1]["reason"] == "SlurmAuthFailed"
+    assert "refused the bridge's credentials" in written[-1]["message"]

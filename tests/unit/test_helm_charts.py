@@ -5,6 +5,7 @@ per entry) and drift against what the code and config/ say (CRDs, RBAC, flags, w
 from __future__ import annotations
 
 import base64
+import hashlib
 import re
 import subprocess
 from pathlib import Path
@@ -832,3 +833,19 @@ def test_operator_uninstall_waits_for_what_it_still_finalizes() -> None:
         }
     ]
     assert not kinds(render("slurm-operator", "cleanup.enabled=false"), "Job")
+
+
+def test_a_new_key_rolls_the_daemons_that_read_it() -> None:
+    """A key Secret deleted by hand is made again at the next upgrade with a new key: the
+    pods that read the keys at start carry a checksum of the very bytes the Secret holds, so
+    they roll with it (slurmctld and slurmrestd had kept the old key, the operator got
+    Unauthorized)."""
+    objs = render("slurm")
+    slurm_key = one(objs, "Secret", "slurm-slurm-key")["data"]["slurm.key"]
+    jwt_key = one(objs, "Secret", "slurm-jwt-key")["data"]["jwt_hs256.key"]
+    both = hashlib.sha256(f"{slurm_key}/{jwt_key}".encode()).hexdigest()[:16]
+    for kind, name in (("StatefulSet", "slurm-controller"), ("Deployment", "slurm-restapi")):
+        annotations = one(objs, kind, name)["spec"]["template"]["metadata"]["annotations"]
+        assert annotations["checksum/keys"] == both, (kind, name)
+    nodeset = one(objs, "NodeSet")["spec"]["template"]["metadata"]["annotations"]
+    assert nodeset["checksum/slurm-key"] == hashlib.sha256(slurm_key.encode()).hexdigest()[:16]

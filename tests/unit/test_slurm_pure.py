@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import jwt
 import pytest
@@ -104,3 +105,26 @@ async def test_static_and_file_tokens_hide_secrets(tmp_path: object) -> None:
     p.write_text("two-longer\n")
     assert await f.token() == "two-longer"
     assert "two" not in repr(f)
+
+
+async def test_tokens_minted_from_a_key_file_follow_a_rotated_key(tmp_path: Path) -> None:
+    """A mounted Secret is a symlink the kubelet swaps (..data -> ..<timestamp>); the key
+    read at start must not stay in use after a rotation, nor need a restart."""
+
+    def mount(version: str, key: bytes) -> None:
+        (tmp_path / version).mkdir()
+        (tmp_path / version / "jwt_hs256.key").write_bytes(key)
+        link = tmp_path / "..data.tmp"
+        link.symlink_to(version)
+        link.rename(tmp_path / "..data")  # the swap is atomic, as the kubelet's is
+
+    mount("v1", b"k" * 32)
+    (tmp_path / "jwt_hs256.key").symlink_to("..data/jwt_hs256.key")
+    tokens = MintedToken.from_file(tmp_path / "jwt_hs256.key", user="slurm", lifetime=600)
+    first = await tokens.token()
+    jwt.decode(first, b"k" * 32, algorithms=["HS256"])
+    assert await tokens.token() == first  # unchanged key: the same token
+    mount("v2", b"n" * 32)
+    second = await tokens.token()
+    assert second != first
+    jwt.decode(second, b"n" * 32, algorithms=["HS256"])

@@ -151,3 +151,46 @@ app.kubernetes.io/name: slurm{{ .component }}
 app.kubernetes.io/component: {{ .component }}
 {{ include "slurm.labels" .root }}
 {{- end }}
+
+{{- /*
+The value (base64) of one of the chart's keys, the same in every template of one render: read
+back from its Secret (lookup), else made once and kept in a per-render cache, so the Secret
+and the checksums of the pods that read it agree. For an existingSecret, what it holds now.
+Args: root, name (the Secret), key, size (bytes to make).
+*/ -}}
+{{- define "slurm.keyValue" -}}
+{{- if not (hasKey .root.Values "__slinkyKeys") }}
+{{- $_ := set .root.Values "__slinkyKeys" dict }}
+{{- end }}
+{{- $cache := get .root.Values "__slinkyKeys" }}
+{{- if not (hasKey $cache .name) }}
+{{- $old := lookup "v1" "Secret" .root.Release.Namespace .name }}
+{{- if and $old $old.data (index $old.data .key) }}
+{{- $_ := set $cache .name (index $old.data .key) }}
+{{- else if .existing }}
+{{- $_ := set $cache .name "" }}
+{{- else }}
+{{- /* randBytes gives base64 of that many random bytes */ -}}
+{{- $_ := set $cache .name (randBytes .size) }}
+{{- end }}
+{{- end }}
+{{- get $cache .name }}
+{{- end }}
+
+{{- define "slurm.slurmKeyValue" -}}
+{{- include "slurm.keyValue" (dict "root" . "name" (include "slurm.slurmKeySecret" .) "key" "slurm.key" "size" 1024 "existing" .Values.slurmKey.existingSecret) }}
+{{- end }}
+
+{{- define "slurm.jwtKeyValue" -}}
+{{- include "slurm.keyValue" (dict "root" . "name" (include "slurm.jwtKeySecret" .) "key" "jwt_hs256.key" "size" 32 "existing" .Values.jwtKey.existingSecret) }}
+{{- end }}
+
+{{- /* Pod annotation: a new key (a Secret deleted and made again, or an existingSecret
+rotated) changes it, so `helm upgrade` restarts the daemons that read the key at start. */ -}}
+{{- define "slurm.keysChecksum" -}}
+checksum/keys: {{ printf "%s/%s" (include "slurm.slurmKeyValue" .) (include "slurm.jwtKeyValue" .) | sha256sum | trunc 16 | quote }}
+{{- end }}
+
+{{- define "slurm.slurmKeyChecksum" -}}
+checksum/slurm-key: {{ include "slurm.slurmKeyValue" . | sha256sum | trunc 16 | quote }}
+{{- end }}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import jwt
 
@@ -35,10 +36,8 @@ def _user_of(token: str, configured: str | None) -> str:
 def token_provider(auth: SlurmAuth) -> TokenProvider:
     """The slurmrestd token source `auth` names (a key to mint with wins over a token file)."""
     if auth.jwt_key_file is not None:
-        return MintedToken(
-            auth.jwt_key_file.read_bytes(),
-            user=auth.user or DEFAULT_USER,
-            lifetime=auth.token_lifetime,
+        return MintedToken.from_file(
+            auth.jwt_key_file, user=auth.user or DEFAULT_USER, lifetime=auth.token_lifetime
         )
     if auth.token_file is not None:
         first = auth.token_file.read_text().strip()
@@ -54,9 +53,9 @@ class SlurmConnection:
     client: SlurmClient
     informer: SlurmInformer
     users: int = 0
-    # The JWT key, when the bridge mints its tokens: then it can also act as the Slurm user
-    # a pod's job runs as (see `tokens_for`).
-    jwt_key: bytes | None = field(default=None, repr=False)
+    # The JWT key's file, when the bridge mints its tokens: then it can also act as the
+    # Slurm user a pod's job runs as (see `tokens_for`). Followed when it changes.
+    jwt_key_file: Path | None = None
     token_lifetime: float = 900.0
     _user_tokens: dict[str, MintedToken] = field(default_factory=dict, repr=False)
 
@@ -67,11 +66,13 @@ class SlurmConnection:
         own = self.client.tokens
         if user == own.user:
             return own
-        if self.jwt_key is None:
+        if self.jwt_key_file is None:
             return None
         tokens = self._user_tokens.get(user)
         if tokens is None:
-            tokens = MintedToken(self.jwt_key, user=user, lifetime=self.token_lifetime)
+            tokens = MintedToken.from_file(
+                self.jwt_key_file, user=user, lifetime=self.token_lifetime
+            )
             self._user_tokens[user] = tokens
         return tokens
 
@@ -100,8 +101,9 @@ class SlurmConnection:
             idle_interval=config.slurm_idle_poll_interval,
             resync_interval=RESYNC_S,
         )
-        key = auth.jwt_key_file.read_bytes() if auth.jwt_key_file is not None else None
-        return cls(client, informer, jwt_key=key, token_lifetime=auth.token_lifetime)
+        return cls(
+            client, informer, jwt_key_file=auth.jwt_key_file, token_lifetime=auth.token_lifetime
+        )
 
     def open(self) -> None:
         """A component starts using the connection: the informer polls while any does."""

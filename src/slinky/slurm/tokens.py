@@ -74,7 +74,9 @@ class MintedToken:
     """Short-lived HS256 tokens signed with the cluster's JWT key.
 
     A token is reused until `refresh_before` seconds before it expires, then a new one is
-    minted; so a token in flight is always valid for at least that long.
+    minted; so a token in flight is always valid for at least that long. Made `from_file`,
+    the key is read again whenever the file changes (a rotated key in a mounted Secret: the
+    kubelet swaps the file) and after a refused token, so a rotation needs no restart.
     """
 
     def __init__(
@@ -94,13 +96,37 @@ class MintedToken:
         self._token = ""
         self._expires = 0.0
         self.minted = 0
+        self._key_file: Path | None = None
+        self._key_stamp: tuple[int, int] | None = None
 
     def __repr__(self) -> str:
         return f"MintedToken(user={self.user!r}, lifetime={self.lifetime})"
 
     @classmethod
     def from_file(cls, path: str | Path, **kwargs: object) -> MintedToken:
-        return cls(Path(path).read_bytes(), **kwargs)  # type: ignore[arg-type]
+        """Tokens from the key in `path`, followed when the file changes."""
+        minted = cls(Path(path).read_bytes(), **kwargs)  # type: ignore[arg-type]
+        minted._key_file = Path(path)
+        minted._key_stamp = _stamp(minted._key_file)
+        return minted
+
+    def _follow_key_file(self) -> None:
+        if self._key_file is None:
+            return
+        try:
+            stamp = _stamp(self._key_file)
+        except OSError:
+            return  # mid-swap, or gone: keep the key in hand
+        if stamp == self._key_stamp:
+            return
+        try:
+            key = self._key_file.read_bytes()
+        except OSError:
+            return
+        self._key_stamp = stamp
+        if key.strip() and key != self._key:
+            self._key = key
+            self._token = ""
 
     @property
     def expires_at(self) -> float:
@@ -108,6 +134,7 @@ class MintedToken:
         return self._expires
 
     async def token(self) -> str:
+        self._follow_key_file()
         now = time.time()
         if not self._token or now >= self._expires - self.refresh_before:
             iat = int(now)
@@ -120,3 +147,9 @@ class MintedToken:
 
     def invalidate(self) -> None:
         self._token = ""
+        self._key_stamp = None  # the key may have changed without a new stamp: read it again
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    st = os.stat(path)
+    return (st.st_mtime_ns, st.st_size)

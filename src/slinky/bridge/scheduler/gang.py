@@ -180,9 +180,10 @@ class GangScheduler:
                 [str(m["metadata"]["uid"]) for m in members],
                 as_user=groups.allocation_user(members, group, sync.config),
             )
-        except (errors.SlurmUnavailable, errors.SlurmAuthError):
+        except (errors.SlurmUnavailable, errors.SlurmAuthError) as e:
             for m in members:
                 sync.ledger.unsure(placeholder.pod_key(m), str(m["metadata"]["uid"]))
+            await sync.cannot_ask(pod, e)
             raise
         except errors.SlurmError as e:
             message = f"Slurm refused the placeholder job: {e}"

@@ -395,9 +395,10 @@ class SchedulerSync:
             )
         except (errors.SlurmUnavailable, errors.SlurmAuthError) as e:
             # Not an answer about the job: retried with the controller's backoff, after
-            # looking for the job in case the request reached slurmctld.
+            # looking for the job in case the request reached slurmctld. The pod says why.
             SLURM_ERRORS.labels(type(e).__name__).inc()
             self.ledger.unsure(key, uid)
+            await self.cannot_ask(pod, e)
             raise
         except errors.SlurmError as e:
             return await self.rejected(pod, e)
@@ -418,6 +419,23 @@ class SchedulerSync:
                 podcontrol.mark_submitted(self.kube, pod, job_id), self.first_read(job_id)
             )
         return await self.place(pod, job_id)
+
+    async def cannot_ask(self, pod: JSON, e: errors.SlurmError) -> None:
+        """The pod waits because Slurm cannot be asked at all: PodScheduled=False says so
+        (`SlurmAuthFailed`: the bridge's credentials were refused; `SlurmUnreachable`)."""
+        if isinstance(e, errors.SlurmAuthError):
+            reason = "SlurmAuthFailed"
+            message = (
+                f"slurmrestd refused the bridge's credentials ({e}); retrying. Check "
+                "slurmAuth: a JWT key file is re-read when it changes, and slurmctld and "
+                "slurmrestd must run with the same key (restart them after a rotation)"
+            )
+        else:
+            reason = "SlurmUnreachable"
+            message = f"slurmrestd cannot be reached ({e}); retrying"
+        with contextlib.suppress(rest.ApiError):
+            if await podcontrol.set_unschedulable(self.kube, pod, reason, message):
+                self.recorder.event(pod, events.WARNING, reason, message, action="Schedule")
 
     async def create_job(
         self, desc: JSON, allowed: list[str], uids: list[str], *, as_user: str | None
