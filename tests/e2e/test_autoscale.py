@@ -316,6 +316,21 @@ async def test_hpa_scales_a_nodeset_from_zero_and_back_draining_busy_pods(env: E
     assert await partition(e, name) is not None, "replicas 0 keeps the partition"
 
 
+async def test_an_hpa_that_will_not_scale_a_nodeset_made_at_zero_is_named(env: Env) -> None:
+    """A NodeSet created with replicas 0 and an HPA: Kubernetes never scales it up (it did
+    not scale it to 0 itself), whatever the queue. The NodeSet says so, and what to do."""
+    e = env
+    name = unique("hz")
+    await create_nodeset(e, with_partition(name, 0))
+    await e.kube.create(HPAS, hpa(name, scale_down_window=5), e.namespace)
+    got = await nodeset_condition(e, name, "Autoscaling", "HPACannotScaleFromZero")
+    assert got["status"] == "False" and f"HorizontalPodAutoscaler {name}" in got["message"]
+    await e.kube.patch(NODESETS, name, {"spec": {"replicas": 1}}, e.namespace)
+    await nodeset_condition(e, name, "Autoscaling", "Scalable")
+    await e.kube.delete(HPAS, name, e.namespace)
+    await e.kube.delete(NODESETS, name, e.namespace)
+
+
 async def test_partition_goes_when_disabled_and_waits_for_queued_jobs_on_deletion(
     env: Env,
 ) -> None:

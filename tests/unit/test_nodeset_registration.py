@@ -129,3 +129,44 @@ async def test_a_pod_that_was_a_slurm_node_is_replaced_after_an_operator_restart
     await sync.replace_unregistered(view)
     assert deletes.deleted == ["batch-0"]  # batch-1 never registered: only named
     assert "slurmctld lost their registration" in view.conditions[0][3]
+
+
+def test_an_hpa_that_cannot_scale_a_nodeset_up_from_zero_is_named() -> None:
+    from slinky.kube.store import Store
+    from slinky.operator.nodeset.sync import AUTOSCALING, BY_HPA_TARGET, hpa_target
+
+    sync, view, _ = setup([], {})
+    hpas = Store({BY_HPA_TARGET: hpa_target})
+
+    def hpa(name: str, target: str, min_replicas: int | None) -> JSON:
+        spec: JSON = {
+            "scaleTargetRef": {
+                "apiVersion": "slinky.slurm.net/v1alpha1", "kind": "NodeSet", "name": target
+            }
+        }  # fmt: skip
+        if min_replicas is not None:
+            spec["minReplicas"] = min_replicas
+        return {"metadata": {"name": name, "namespace": "ns"}, "spec": spec}
+
+    hpas.upsert(hpa("a", "cpu", None))  # minReplicas defaults to 1
+    hpas.upsert(hpa("b", "other", 1))
+    sync.hpas = hpas  # type: ignore[assignment]
+    view.spec.replicas = 0
+    sync.check_autoscaler(view)
+    ((ctype, ok, reason, message),) = view.conditions
+    assert (ctype, ok, reason) == (AUTOSCALING, False, "HPACannotScaleFromZero")
+    assert "HorizontalPodAutoscaler a does not scale" in message and " b" not in message
+    assert "set the HPA's minReplicas to 0" in message
+    view.conditions.clear()
+    hpas.upsert(hpa("a", "cpu", 0))  # scale to zero: the HPA may scale it from 0 ...
+    sync.check_autoscaler(view)
+    assert view.conditions == []
+    # ... unless it did not scale it to 0 itself (the NodeSet was made at 0): Kubernetes
+    # says ScalingDisabled.
+    disabled = hpa("a", "cpu", 0)
+    disabled["status"] = {"conditions": [{"type": "ScalingActive", "reason": "ScalingDisabled"}]}
+    hpas.upsert(disabled)
+    sync.check_autoscaler(view)
+    ((_, ok, reason, message),) = view.conditions
+    assert not ok and "set the NodeSet's replicas to 1 once" in message
+    assert "minReplicas to 0 (feature" not in message

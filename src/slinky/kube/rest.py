@@ -69,6 +69,7 @@ REPLICASETS = Resource("apps", "v1", "replicasets", "ReplicaSet")
 CONTROLLER_REVISIONS = Resource("apps", "v1", "controllerrevisions", "ControllerRevision")
 PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget")
 PVCS = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
+HPAS = Resource("autoscaling", "v2", "horizontalpodautoscalers", "HorizontalPodAutoscaler")
 CRDS = Resource(
     "apiextensions.k8s.io",
     "v1",

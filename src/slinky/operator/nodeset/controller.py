@@ -6,6 +6,7 @@
   by label): the owning NodeSet; pod adds and deletions (a deletionTimestamp is enough)
   also settle expectations; a deleted Service or PDB is re-created by the reconcile this
   enqueues.
+- HorizontalPodAutoscalers scaling a NodeSet: that NodeSet (the `Autoscaling` condition).
 - Kubernetes Nodes: a node cordoned or uncordoned (or its cordon reason changed) enqueues the
   NodeSets with pods on it (index by spec.nodeName).
 - Slurm (the seeds' "Slurm event channel"): a change of Slurm node `X` of Cluster `ns/c`
@@ -26,7 +27,7 @@ from slinky.kube.store import BY_NODE_NAME, index_node_name, key_of
 from slinky.operator.clients import ClusterClients
 from slinky.operator.nodeset import builder
 from slinky.operator.nodeset import pods as pod_fields
-from slinky.operator.nodeset.sync import NodeSetSync
+from slinky.operator.nodeset.sync import BY_HPA_TARGET, NodeSetSync, hpa_target
 from slinky.operator.resources import CLUSTERS, NODESETS
 from slinky.slurm.informer import SlurmEvent
 
@@ -62,6 +63,29 @@ def slim_node(node: JSON) -> JSON:
     }
 
 
+def slim_hpa(hpa: JSON) -> JSON:
+    """What the NodeSet controller reads of an HPA: its target, minReplicas and the reason
+    of its ScalingActive condition. The rest of its status (rewritten at every 15 s sync) is
+    dropped, so a sync that changed nothing of that is no update."""
+    spec = hpa.get("spec") or {}
+    active = [
+        {"type": "ScalingActive", "reason": c.get("reason"), "status": c.get("status")}
+        for c in (hpa.get("status") or {}).get("conditions") or []
+        if c.get("type") == "ScalingActive"
+    ]
+    return {
+        "status": {"conditions": active},
+        "apiVersion": hpa.get("apiVersion"),
+        "kind": hpa.get("kind"),
+        "metadata": {
+            k: hpa["metadata"][k]
+            for k in ("name", "namespace", "uid", "resourceVersion")
+            if k in hpa["metadata"]
+        },
+        "spec": {k: spec[k] for k in ("scaleTargetRef", "minReplicas") if k in spec},
+    }
+
+
 def expectation_key(pod: JSON) -> str | None:
     """`ns/nodeset/uid` of the NodeSet controlling `pod` (the sync's `View.exp_key`)."""
     for ref in pod["metadata"].get("ownerReferences") or []:
@@ -90,6 +114,7 @@ def build(
     pdbs = factory.shared(rest.PDBS, label_selector=MANAGED)
     nodes = factory.informer(rest.NODES, transform=slim_node)
     revisions = factory.shared(rest.CONTROLLER_REVISIONS, label_selector=builder.LABEL_NODESET)
+    hpas = factory.shared(rest.HPAS, indexers={BY_HPA_TARGET: hpa_target}, transform=slim_hpa)
     expectations = Expectations()
     sync = NodeSetSync(
         kube,
@@ -103,8 +128,23 @@ def build(
         clients=clients,
         recorder=recorder,
         expectations=expectations,
+        hpas=hpas,
     )
     ctrl = Controller("nodeset", sync, workers=workers)
+    # An HPA made, changed or deleted: the NodeSet it scales (its status changes are not
+    # kept, see slim_hpa, so they do not come here).
+    ctrl.watch(
+        hpas,
+        hpa_target,
+        predicate=lambda old, new: (
+            old is None
+            or (old["spec"], old["status"])
+            != (
+                new["spec"],
+                new["status"],
+            )
+        ),
+    )
     ctrl.watch(nodesets, predicate=beyond_status)
     ctrl.watch(
         clusters,

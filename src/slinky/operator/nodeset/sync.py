@@ -53,6 +53,19 @@ JSON = dict[str, Any]
 ANNOTATION_SKIP_DRAIN = partition.ANNOTATION_SKIP_DRAIN
 WAITING_FOR_TERMINATING_S = 2.0
 REGISTERED = "SlurmNodesRegistered"
+AUTOSCALING = "Autoscaling"
+BY_HPA_TARGET = "hpa-target"
+
+
+def hpa_target(hpa: JSON) -> list[str]:
+    """`namespace/name` of the NodeSet an HPA scales, if it scales one."""
+    ref = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
+    api = str(ref.get("apiVersion") or "")
+    if ref.get("kind") != "NodeSet" or not api.startswith("slinky.slurm.net/"):
+        return []
+    return [f"{hpa['metadata'].get('namespace')}/{ref.get('name')}"]
+
+
 REGISTERING_RECHECK_S = 10.0
 CREATES_IN_FLIGHT = 64  # a batch of 2,048 at once only makes a loaded apiserver time out
 
@@ -94,7 +107,9 @@ class NodeSetSync:
         clients: ClusterClients,
         recorder: events.EventRecorder,
         expectations: Expectations,
+        hpas: MultiInformer | None = None,
     ) -> None:
+        self.hpas = hpas
         self.nodesets = nodesets
         self.clusters = clusters
         self.pods = pods
@@ -209,6 +224,7 @@ class NodeSetSync:
         if self.ctx.expectations.satisfied(view.exp_key):
             await self.replace_finished(view)
             await self.replace_unregistered(view)
+            self.check_autoscaler(view)
             if mirror.registering(view):
                 view.waits.append("new slurmd registering")
                 requeue.append(REGISTERING_RECHECK_S)  # ends the fast polls after the window
@@ -363,6 +379,45 @@ class NodeSetSync:
                 )
                 log.warning("nodeset %s: pod %s has no Slurm node; replacing it", view.key, name)
             view.moved(pod)
+
+    def check_autoscaler(self, view: View) -> None:
+        """An HPA does not scale up a NodeSet at 0 replicas that it did not scale to 0
+        itself: Kubernetes disables scaling of such a target (HPA condition ScalingActive
+        False, ScalingDisabled), and it scales from 0 only with minReplicas 0 and the
+        HPAScaleToZero feature gate. The condition `Autoscaling` says so and what to do,
+        instead of the queue growing while nothing happens."""
+        if self.hpas is None:
+            return
+        had = conditions.find((view.obj.get("status") or {}).get("conditions"), AUTOSCALING)
+        stuck = []
+        if view.spec.replicas == 0:
+            for hpa in self.hpas.by_index(BY_HPA_TARGET, view.key):
+                active = conditions.find(
+                    (hpa.get("status") or {}).get("conditions"), "ScalingActive"
+                )
+                minimum = int((hpa.get("spec") or {}).get("minReplicas", 1))
+                if minimum >= 1 or (active or {}).get("reason") == "ScalingDisabled":
+                    stuck.append((str(hpa["metadata"]["name"]), minimum))
+        if stuck:
+            names = ", ".join(sorted(n for n, _ in stuck))
+            how = (
+                "set the HPA's minReplicas to 0 (feature gate HPAScaleToZero) and "
+                if any(m >= 1 for _, m in stuck)
+                else ""
+            )
+            view.conditions.append(
+                (
+                    AUTOSCALING,
+                    False,
+                    "HPACannotScaleFromZero",
+                    f"HorizontalPodAutoscaler {names} does not scale this NodeSet up from "
+                    "replicas 0: Kubernetes scales a target at 0 only when the HPA itself "
+                    "scaled it there (minReplicas 0, feature gate HPAScaleToZero); "
+                    f"{how}set the NodeSet's replicas to 1 once, the HPA takes it from there",
+                )
+            )
+        elif had is not None:
+            view.conditions.append((AUTOSCALING, True, "Scalable", "no autoscaler is stuck"))
 
     # ------------------------------------------------------------ 4. scale out
 
