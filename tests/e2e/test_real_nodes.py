@@ -7,6 +7,8 @@ from __future__ import annotations
 import base64
 import contextlib
 import signal
+import subprocess
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,13 +17,14 @@ from slinky.kube import rest
 from slinky.slurm import errors
 from slinky.slurm.client import SlurmClient
 from slinky.slurm.tokens import MintedToken
-from slinky_testbed import nodes
+from slinky_testbed import nodes, paths
 from slinky_testbed.bed import Testbed
 from slinky_testbed.waiting import wait_for
 from tests.e2e.workers import worker_bed_dir
 
 pytestmark = pytest.mark.e2e
 
+REPO = Path(__file__).resolve().parents[2]
 JSON = dict[str, Any]
 ROLES = rest.Resource("rbac.authorization.k8s.io", "v1", "roles", "Role")
 ROLE_BINDINGS = rest.Resource("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding")
@@ -366,3 +369,35 @@ async def _run_a_pod(bed: Testbed) -> None:
         await running(kube, "sleeper", "default")
     finally:
         await kube.close()
+
+
+async def test_the_quickstart_image_import_line_imports_both_images(testbed: Testbed) -> None:
+    """docs/quickstart.md's one-line import, run as written against a real node's containerd
+    (into a namespace of its own, so what it imports is seen alone): both archives, not only
+    the first (`ctr` takes one archive per call)."""
+    doc = (REPO / "docs/quickstart.md").read_text()
+    (line,) = [ln.strip("`") for ln in doc.splitlines() if "images import" in ln]
+    node = testbed.load().real_nodes[0]
+    sock = testbed.nodes_dir / node / "containerd" / "containerd.sock"
+    ctr = f"{paths.bin_dir() / 'ctr'} --address {sock}"
+    ns = "quickstart-e2e"
+    script = line.replace("~/.cache/slinky", str(paths.cache_dir())).replace(
+        "-n k8s.io", f"-n {ns}"
+    )
+    out = subprocess.run(
+        ["bash", "-c", f'ctr() {{ {ctr} "$@"; }}; {script}'],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    try:
+        listed = subprocess.run(
+            ["bash", "-c", f"{ctr} -n {ns} images ls -q"],
+            capture_output=True, text=True, timeout=60, check=True,
+        ).stdout.split()  # fmt: skip
+        for image in ("slurm", "slinky"):
+            assert nodes.image_ref(image) in listed, (image, listed)
+    finally:
+        subprocess.run(
+            ["bash", "-c", f"{ctr} -n {ns} images ls -q | xargs -r {ctr} -n {ns} images rm"],
+            capture_output=True, timeout=60, check=False,
+        )  # fmt: skip
