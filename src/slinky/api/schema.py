@@ -14,7 +14,8 @@ import types
 import typing
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
-JSON = dict[str, Any]
+from slinky.types import JSON
+
 T = TypeVar("T")
 
 

@@ -1,1 +1,5 @@
-"""The slurm-bridge: Slurm schedules Kubernetes pods on shared nodes (not yet built)."""
+"""The slurm-bridge: Slurm schedules Kubernetes pods on nodes it shares with Kubernetes.
+
+Components (`--components`): `scheduler` (scheduler/), `nodes` and `workload` (nodes/,
+workload/) and `admission` (admission/); `main.py` runs them.
+"""

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
 
 from slinky.bridge.labels import MANAGED_NODE_TAINT
+from slinky.types import JSON
 
-JSON = dict[str, Any]
 HARD_EFFECTS = ("NoSchedule", "NoExecute")
 
 

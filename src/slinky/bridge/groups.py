@@ -47,10 +47,10 @@ from slinky.bridge import placeholder
 from slinky.bridge.config import BridgeConfig
 from slinky.bridge.labels import SLURMJOB_PREFIX
 from slinky.kube import rest
+from slinky.types import JSON
 
 log = logging.getLogger(__name__)
 
-JSON = dict[str, Any]
 
 # Annotation on a batch/v1 Job or a JobSet: its pods are one gang (a replicated job's pods,
 # for a JobSet) and get one Slurm job.

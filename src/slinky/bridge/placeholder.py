@@ -26,14 +26,13 @@ import json
 import math
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any
 
 from slinky.bridge import policy
 from slinky.bridge.config import BridgeConfig
 from slinky.bridge.labels import SLURMJOB_PREFIX
 from slinky.kube.quantity import parse_quantity
+from slinky.types import JSON
 
-JSON = dict[str, Any]
 GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
 MIB = Decimal(2**20)
 

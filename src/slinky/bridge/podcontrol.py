@@ -4,12 +4,10 @@ again under the same name is never changed on behalf of the old one."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from slinky.bridge.labels import FINALIZER, SLURM_JOBID, SLURM_NODE
 from slinky.kube import conditions, rest
+from slinky.types import JSON
 
-JSON = dict[str, Any]
 POD_SCHEDULED = "PodScheduled"
 TERMINAL_PHASES = ("Succeeded", "Failed")
 

@@ -24,12 +24,10 @@ import argparse
 import asyncio
 import sys
 import time
-from typing import Any
 
 from slinky.bridge.labels import FINALIZER, MANAGED_NODE_TAINT
 from slinky.kube import rest
-
-JSON = dict[str, Any]
+from slinky.types import JSON
 
 
 def without_our_taint(node: JSON, scheduler_name: str) -> list[JSON] | None:

@@ -7,9 +7,8 @@ observedGeneration are updated in place.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
 
-JSON = dict[str, Any]
+from slinky.types import JSON
 
 
 def now_rfc3339() -> str:

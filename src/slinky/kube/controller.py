@@ -13,17 +13,17 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from slinky.background import cancelling
 from slinky.kube import metrics
 from slinky.kube.informer import Handler
 from slinky.kube.queue import WorkQueue
 from slinky.kube.store import key_of
+from slinky.types import JSON
 
 log = logging.getLogger(__name__)
 
-JSON = dict[str, Any]
 Mapper = Callable[[JSON], Iterable[str]]
 
 

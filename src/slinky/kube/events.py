@@ -15,14 +15,13 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from typing import Any
 
 from slinky.kube import rest
 from slinky.kube.conditions import now_micro
+from slinky.types import JSON
 
 log = logging.getLogger(__name__)
 
-JSON = dict[str, Any]
 NORMAL = "Normal"
 WARNING = "Warning"
 AGGREGATION_WINDOW_S = 600.0

@@ -35,10 +35,10 @@ from prometheus_client.registry import Collector
 from slinky.background import BackgroundLoop, Backoff, cancelling
 from slinky.kube import rest
 from slinky.kube.store import IndexFunc, Store, key_of
+from slinky.types import JSON
 
 log = logging.getLogger(__name__)
 
-JSON = dict[str, Any]
 Transform = Callable[[JSON], JSON]
 
 

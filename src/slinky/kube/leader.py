@@ -23,10 +23,9 @@ import httpx2
 
 from slinky.kube import metrics, rest
 from slinky.kube.conditions import now_micro
+from slinky.types import JSON
 
 log = logging.getLogger(__name__)
-
-JSON = dict[str, Any]
 
 
 class LeadershipLost(Exception):

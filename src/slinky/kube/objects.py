@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from slinky.kube import rest
-
-JSON = dict[str, Any]
+from slinky.types import JSON
 
 
 def owner_reference(owner: JSON, *, controller: bool = True) -> JSON:

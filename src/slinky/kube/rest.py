@@ -19,7 +19,7 @@ from lightkube.config import client_adapter
 from lightkube.config.kubeconfig import KubeConfig, SingleConfig
 from prometheus_client import Counter
 
-JSON = dict[str, Any]
+from slinky.types import JSON
 
 REQUESTS = Counter(
     "rest_client_requests_total",

@@ -8,9 +8,9 @@ dicts as the apiserver sent them; callers must not mutate them.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
 
-JSON = dict[str, Any]
+from slinky.types import JSON
+
 IndexFunc = Callable[[JSON], Iterable[str]]
 
 BY_NAMESPACE = "namespace"

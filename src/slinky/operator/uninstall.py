@@ -19,8 +19,6 @@ from typing import Any
 from slinky.kube import rest
 from slinky.operator.resources import CLUSTERS, FINALIZER, NODESETS
 
-JSON = dict[str, Any]
-
 
 async def held(kube: rest.Kube) -> tuple[list[str], list[str]]:
     """(being deleted, staying): 'Kind namespace/name' of the objects with our finalizer."""

@@ -26,10 +26,10 @@ from slinky.background import Backoff
 from slinky.slurm import errors
 from slinky.slurm.models import Job, Node, Partition, Ping, Reservation, Resources, number
 from slinky.slurm.tokens import TokenProvider
+from slinky.types import JSON
 
 log = logging.getLogger(__name__)
 
-JSON = dict[str, Any]
 Params = (
     Mapping[str, Any] | list[tuple[str, str | int | float | bool | None]] | None
 )  # pairs: a key twice

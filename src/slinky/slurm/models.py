@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-JSON = dict[str, Any]
+from slinky.types import JSON
 
 BASE_STATES = ("IDLE", "ALLOCATED", "MIXED", "DOWN", "ERROR", "FUTURE", "UNKNOWN", "INVALID")
 BUSY_BASES = ("ALLOCATED", "MIXED")

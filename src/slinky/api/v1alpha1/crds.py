@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from slinky.api.schema import object_schema
 from slinky.api.v1alpha1 import GROUP, VERSION, cluster, nodeset
-
-JSON = dict[str, Any]
+from slinky.types import JSON
 
 
 def _crd(

@@ -20,14 +20,13 @@ import argparse
 import base64
 import sys
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from slinky.bridge.admission.server import MUTATE_PATH, VALIDATE_PATH
 from slinky.bridge.config import NEVER_MANAGED, BridgeConfig, load_config
+from slinky.types import JSON
 
-JSON = dict[str, Any]
 NAME_LABEL = "kubernetes.io/metadata.name"
 DEFAULT_NAME = "slurm-bridge"
 DEFAULT_NAMESPACE = "slinky-system"

@@ -11,11 +11,9 @@ the taint still keeps it off the nodes Slurm manages.
 
 from __future__ import annotations
 
-from typing import Any
-
 from slinky.bridge.config import BridgeConfig
+from slinky.types import JSON
 
-JSON = dict[str, Any]
 DEFAULT_SCHEDULER = "default-scheduler"
 
 

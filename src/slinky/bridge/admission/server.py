@@ -11,7 +11,6 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from aiohttp import web
 from prometheus_client import Counter, Histogram
@@ -20,10 +19,10 @@ from slinky.bridge import policy
 from slinky.bridge.admission import mutate, validate
 from slinky.bridge.config import BridgeConfig
 from slinky.kube.tls import ServingCertificate
+from slinky.types import JSON
 
 log = logging.getLogger(__name__)
 
-JSON = dict[str, Any]
 MUTATE_PATH = "/mutate-v1-pod"
 VALIDATE_PATH = "/validate-v1-pod"
 

@@ -16,8 +16,7 @@ from typing import Any
 
 from slinky.bridge import policy
 from slinky.bridge.labels import SLURM_JOBID, SLURM_NODE, SLURMJOB_PREFIX
-
-JSON = dict[str, Any]
+from slinky.types import JSON
 
 # The `slurmjob.slinky.slurm.net/` annotations (upstream's keys) and what each must hold:
 # "int>=N" a base-10 whole number of at least N, "minutes", "bool", or "text".

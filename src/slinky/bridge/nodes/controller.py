@@ -24,8 +24,8 @@ from slinky.kube.controller import Controller
 from slinky.kube.informer import InformerFactory
 from slinky.kube.store import key_of
 from slinky.slurm.informer import SlurmEvent
+from slinky.types import JSON
 
-JSON = dict[str, Any]
 BY_SLURM_NAME = "slurm-name"
 
 

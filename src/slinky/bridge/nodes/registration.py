@@ -21,13 +21,12 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from slinky.bridge.labels import EXTERNAL_NODE, EXTERNAL_NODE_PARTITIONS, SLURM_NODENAME
 from slinky.kube.quantity import parse_quantity
 from slinky.slurm.models import Node
+from slinky.types import JSON
 
-JSON = dict[str, Any]
 REGISTERED_BY = "slurm-bridge"
 _FEATURE = re.compile(r"^[A-Za-z0-9_.+-]+$")
 MIB = 1024 * 1024

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 from slinky.bridge.config import BridgeConfig
 from slinky.bridge.connection import SlurmConnection
@@ -31,10 +30,10 @@ from slinky.kube import events, rest
 from slinky.kube.controller import DONE, Result
 from slinky.kube.informer import Informer
 from slinky.slurm.models import Node
+from slinky.types import JSON
 
 log = logging.getLogger(__name__)
 
-JSON = dict[str, Any]
 # How often a drained-but-busy Slurm node is looked at again (job ends also trigger it,
 # through the Slurm informer; this is the backstop).
 DRAIN_RECHECK_S = 10.0

@@ -5,12 +5,9 @@ there. The value names the scheduler, so two bridges on one cluster keep to thei
 
 from __future__ import annotations
 
-from typing import Any
-
 from slinky.bridge.config import NodeTaint
 from slinky.bridge.labels import MANAGED_NODE_TAINT
-
-JSON = dict[str, Any]
+from slinky.types import JSON
 
 
 def ours(taint: JSON, scheduler_name: str) -> bool:

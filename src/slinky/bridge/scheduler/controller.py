@@ -17,8 +17,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from slinky.bridge.config import BridgeConfig
 from slinky.bridge.connection import SlurmConnection
 from slinky.bridge.jobwatch import JobWatch
@@ -31,8 +29,8 @@ from slinky.kube import events, rest
 from slinky.kube.controller import Controller
 from slinky.kube.informer import Informer, InformerFactory
 from slinky.slurm.informer import SlurmEvent
+from slinky.types import JSON
 
-JSON = dict[str, Any]
 NAME = "bridge-scheduler"
 
 

@@ -25,8 +25,7 @@ from typing import Any
 
 from slinky.bridge import constraints
 from slinky.slurm.models import Job, expand_hostlist
-
-JSON = dict[str, Any]
+from slinky.types import JSON
 
 
 def excluded_of(job: Job) -> set[str]:

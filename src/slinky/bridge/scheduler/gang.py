@@ -27,22 +27,23 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from slinky.bridge import groups, placeholder, podcontrol
 from slinky.bridge.groups import Group
 from slinky.bridge.labels import SLURM_JOBID
+from slinky.bridge.scheduler.metrics import BIND_LATENCY, PODS_BOUND, pod_age
 from slinky.kube import events, rest
 from slinky.kube.controller import DONE, Result
 from slinky.slurm import errors
 from slinky.slurm.models import expand_hostlist
+from slinky.types import JSON
 
 if TYPE_CHECKING:
     from slinky.bridge.scheduler.sync import SchedulerSync
 
 log = logging.getLogger(__name__)
 
-JSON = dict[str, Any]
 PROBLEM_RECHECK_S = 10.0
 
 
@@ -303,10 +304,6 @@ class GangScheduler:
                 return False
             raise
         self.labelled(pod)
-        # Imported here: the sync module imports this one (its metrics are shared).
-        from slinky.bridge.scheduler.sync import BIND_LATENCY, PODS_BOUND
-        from slinky.bridge.scheduler.sync import _age as pod_age
-
         age = pod_age(pod)
         if age is not None:
             BIND_LATENCY.observe(age)

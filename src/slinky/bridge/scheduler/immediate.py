@@ -30,11 +30,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
 
 from slinky.slurm.models import Node, NodeState
-
-JSON = dict[str, Any]
+from slinky.types import JSON
 
 # Node state flags under which Slurm does not start a new job on the node (or soon stops
 # being able to): a node with any of them is never counted as free.

@@ -9,11 +9,10 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable
-from typing import Any
 
 from slinky.kube.queue import WorkQueue
+from slinky.types import JSON
 
-JSON = dict[str, Any]
 Rank = tuple[int, str]
 
 

@@ -31,13 +31,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
-
-from prometheus_client import Counter, Gauge, Histogram
 
 from slinky.bridge import constraints, groups, placeholder, podcontrol
 from slinky.bridge.config import BridgeConfig
@@ -49,6 +45,18 @@ from slinky.bridge.nudge import nudge
 from slinky.bridge.scheduler import exclusion, immediate
 from slinky.bridge.scheduler.gang import GangScheduler
 from slinky.bridge.scheduler.ledger import Ledger
+from slinky.bridge.scheduler.metrics import (
+    BIND_LATENCY,
+    EXCLUSION_UPDATES,
+    IMMEDIATE_REFUSED,
+    JOBS_CREATED,
+    PODS_BOUND,
+    PODS_PENDING,
+    REPLACEMENTS,
+    SLURM_ERRORS,
+    SUBMIT_LATENCY,
+    pod_age,
+)
 from slinky.bridge.workload import sync as workload_sync
 from slinky.kube import events, rest
 from slinky.kube.controller import DONE, Result
@@ -56,10 +64,10 @@ from slinky.kube.informer import Informer
 from slinky.slurm import errors
 from slinky.slurm.models import Job, expand_hostlist
 from slinky.slurm.tokens import TokenProvider
+from slinky.types import JSON
 
 log = logging.getLogger(__name__)
 
-JSON = dict[str, Any]
 REJECT_BACKOFF_S = 2.0
 # Retrying the cancellations the scheduler owes (`to_cancel`): at most this often.
 CANCEL_RETRY_S = 10.0
@@ -68,59 +76,6 @@ REFUSED_USER_S = 300.0
 DEMAND_KEY = "bridge-scheduler"
 REJECT_BACKOFF_MAX_S = 300.0
 NO_NODE_RECHECK_S = 5.0
-
-_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600)
-SUBMIT_LATENCY = Histogram(
-    "slurm_bridge_submit_latency_seconds",
-    "From pod creation to its placeholder job's submission",
-    buckets=_LATENCY_BUCKETS,
-)
-BIND_LATENCY = Histogram(
-    "slurm_bridge_bind_latency_seconds",
-    "From pod creation to its binding to the node Slurm allocated",
-    buckets=_LATENCY_BUCKETS,
-)
-PODS_PENDING = Gauge(
-    "slurm_bridge_pods_pending",
-    "Pods whose placeholder job Slurm has not allocated yet, or that no managed node can take",
-)
-PODS_BOUND = Counter("slurm_bridge_pods_bound_total", "Pods bound to the node Slurm allocated")
-EXCLUSION_UPDATES = Counter(
-    "slurm_bridge_excluded_nodes_updates_total",
-    "Pending placeholder jobs whose excluded_nodes were updated after managed nodes changed",
-)
-REPLACEMENTS = Counter(
-    "slurm_bridge_job_replacements_total",
-    "Placeholder jobs replaced because Slurm allocated a node the pod's constraints reject",
-)
-JOBS_CREATED = Counter(
-    "slurm_bridge_placeholder_jobs_total",
-    "Placeholder jobs made, by how: allocated inside the request (a node was free) or "
-    "submitted to wait for Slurm's scheduling pass",
-    ["how"],
-)
-IMMEDIATE_REFUSED = Counter(
-    "slurm_bridge_immediate_allocations_refused_total",
-    "Requests to allocate a placeholder job at once that Slurm refused (the job was then "
-    "submitted): the node looked free in the cache but was taken, or a job of higher "
-    "priority waits",
-)
-SLURM_ERRORS = Counter(
-    "slurm_bridge_slurm_errors_total",
-    "Slurm refusals and failures seen by the scheduler, by reason",
-    ["reason"],
-)
-
-
-def _age(pod: JSON) -> float | None:
-    created = (pod.get("metadata") or {}).get("creationTimestamp")
-    if not created:
-        return None
-    try:
-        at = dt.datetime.strptime(str(created), "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
-    except ValueError:
-        return None
-    return max(0.0, time.time() - at.timestamp())
 
 
 def as_its_user(desc: JSON) -> JSON:
@@ -404,7 +359,7 @@ class SchedulerSync:
             return await self.rejected(pod, e)
         self.ledger.made(job_id, [(key, uid)])
         self.rejections.pop(uid, None)
-        age = _age(pod)
+        age = pod_age(pod)
         if age is not None:
             SUBMIT_LATENCY.observe(age)
         log.info("pod %s: submitted placeholder job %d (%s)", key, job_id, desc["partition"])
@@ -688,7 +643,7 @@ class SchedulerSync:
             if e.not_found or e.conflict:
                 return DONE  # deleted, or bound already (by an earlier pass)
             raise
-        age = _age(pod)
+        age = pod_age(pod)
         if age is not None:
             BIND_LATENCY.observe(age)
         PODS_BOUND.inc()

@@ -11,8 +11,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from slinky.bridge import podcontrol
 from slinky.bridge.config import BridgeConfig
 from slinky.bridge.connection import SlurmConnection
@@ -24,8 +22,8 @@ from slinky.kube.controller import Controller
 from slinky.kube.informer import Handler, InformerFactory
 from slinky.kube.store import key_of
 from slinky.slurm.informer import SlurmEvent
+from slinky.types import JSON
 
-JSON = dict[str, Any]
 NAME = "bridge-workload"
 
 

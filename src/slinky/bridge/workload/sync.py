@@ -40,7 +40,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 
 from slinky.bridge import placeholder, podcontrol
 from slinky.bridge.config import BridgeConfig
@@ -52,10 +51,10 @@ from slinky.kube import events, rest
 from slinky.kube.controller import DONE, Result
 from slinky.kube.informer import Informer
 from slinky.slurm.models import Job, number
+from slinky.types import JSON
 
 log = logging.getLogger(__name__)
 
-JSON = dict[str, Any]
 BY_JOB = "slurm-jobid"
 REVIVED_PREFIX = "revived-job:"  # work queue key of a cancelled job Slurm brought back
 UNCONFIRMED_PREFIX = "unconfirmed-job:"  # ... of an allocation never marked as ours

@@ -48,10 +48,10 @@ from slinky.operator.autoscale.metrics import (
     nodeset_value,
 )
 from slinky.operator.clients import ClusterClients
+from slinky.types import JSON
 
 log = logging.getLogger(__name__)
 
-JSON = dict[str, Any]
 GROUP = "external.metrics.k8s.io"
 VERSION = "v1beta1"
 GROUP_VERSION = f"{GROUP}/{VERSION}"

@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -39,8 +38,7 @@ from prometheus_client.registry import Collector
 from slinky.operator.clients import ClusterClients
 from slinky.slurm.informer import SlurmInformer
 from slinky.slurm.models import Job, Node, csv
-
-JSON = dict[str, Any]
+from slinky.types import JSON
 
 UNCOUNTED_REASONS = frozenset(
     {"JobHeldUser", "JobHeldAdmin", "Dependency", "DependencyNeverSatisfied", "BeginTime"}

@@ -11,8 +11,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from slinky.kube import events, rest
 from slinky.kube.controller import Controller, beyond_status
 from slinky.kube.informer import Handler, InformerFactory
@@ -21,8 +19,8 @@ from slinky.operator.clients import ClusterClients
 from slinky.operator.cluster.sync import ClusterSync, Options
 from slinky.operator.resources import CLUSTERS
 from slinky.slurm.informer import SlurmEvent
+from slinky.types import JSON
 
-JSON = dict[str, Any]
 BY_SECRET = "secret"
 
 

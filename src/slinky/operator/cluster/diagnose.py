@@ -7,11 +7,8 @@ not a Service of this cluster (hybrid: slurmctld outside Kubernetes) gets no dia
 
 from __future__ import annotations
 
-from typing import Any
-
 from slinky.kube import conditions, rest
-
-JSON = dict[str, Any]
+from slinky.types import JSON
 
 
 def service_of(host: str, namespace: str) -> tuple[str, str] | None:

@@ -24,7 +24,6 @@ import logging
 import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import jwt
 
@@ -43,10 +42,10 @@ from slinky.slurm import errors
 from slinky.slurm.client import SlurmClient
 from slinky.slurm.informer import SlurmInformer
 from slinky.slurm.tokens import MintedToken, StaticToken, TokenProvider
+from slinky.types import JSON
 
 log = logging.getLogger(__name__)
 
-JSON = dict[str, Any]
 READY = "Ready"
 # While a just-referenced Secret's cache does its first list (milliseconds, normally).
 NOT_SYNCED_RETRY = 0.2

@@ -14,13 +14,11 @@ import hashlib
 import json
 import re
 import shlex
-from typing import Any
 
 from slinky.api.v1alpha1 import API_VERSION
 from slinky.api.v1alpha1.nodeset import KIND, LabelSelector, NodeSetSpec
 from slinky.kube import objects
-
-JSON = dict[str, Any]
+from slinky.types import JSON
 
 SLURMD_CONTAINER = "slurmd"
 LABEL_NAME = "app.kubernetes.io/name"

@@ -30,8 +30,8 @@ from slinky.operator.nodeset import pods as pod_fields
 from slinky.operator.nodeset.sync import BY_HPA_TARGET, NodeSetSync, hpa_target
 from slinky.operator.resources import CLUSTERS, NODESETS
 from slinky.slurm.informer import SlurmEvent
+from slinky.types import JSON
 
-JSON = dict[str, Any]
 BY_CLUSTER = "cluster"
 MANAGED = f"{builder.LABEL_MANAGED_BY}={builder.MANAGER}"
 

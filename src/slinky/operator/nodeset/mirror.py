@@ -16,7 +16,6 @@ from __future__ import annotations
 import datetime as dt
 import functools
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from slinky.kube import conditions, events
 from slinky.operator.clients import Connection
@@ -30,8 +29,8 @@ from slinky.operator.nodeset.builder import (
 )
 from slinky.operator.nodeset.view import Context, View
 from slinky.slurm.models import Node
+from slinky.types import JSON
 
-JSON = dict[str, Any]
 # How long after a pod became Ready its Slurm node is waited for with fast polls (so its
 # comment and state show up at once); a slurmd that never registers (kwok, a broken image)
 # does not keep the informer polling fast.

@@ -40,10 +40,10 @@ from slinky.operator.nodeset.view import Context, View
 from slinky.operator.resources import NODESETS
 from slinky.slurm import errors
 from slinky.slurm.models import csv, expand_hostlist
+from slinky.types import JSON
 
 log = logging.getLogger(__name__)
 
-JSON = dict[str, Any]
 ANNOTATION_PARTITION = "nodeset.slinky.slurm.net/partition"
 ANNOTATION_SKIP_DRAIN = "nodeset.slinky.slurm.net/delete-without-drain"
 # Pending jobs a deleted NodeSet does not wait for: they would not start soon, if ever.

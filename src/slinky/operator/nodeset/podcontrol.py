@@ -17,10 +17,10 @@ from typing import Any
 from slinky.kube import rest
 from slinky.kube.expectations import Expectations
 from slinky.operator.nodeset.pods import CachedPod
+from slinky.types import JSON
 
 log = logging.getLogger(__name__)
 
-JSON = dict[str, Any]
 PDBS = rest.PDBS
 # How long a written annotation is laid over a cache that does not show it: far longer than
 # a watch event takes, short enough that a write someone else undid is not hidden for long.

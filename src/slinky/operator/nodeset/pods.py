@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slinky.operator.nodeset.builder import ANNOTATION_CONDEMNED, LABEL_REVISION
-
-JSON = dict[str, Any]
+from slinky.types import JSON
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,10 +46,10 @@ from slinky.operator.nodeset.builder import (
 from slinky.operator.nodeset.view import Context, View, belongs_to
 from slinky.slurm import errors
 from slinky.slurm.models import Node
+from slinky.types import JSON
 
 log = logging.getLogger(__name__)
 
-JSON = dict[str, Any]
 T = TypeVar("T")
 
 CONDEMNED_SCALE_IN = "scale-in"

@@ -11,14 +11,13 @@ Written only when something changed; one pass over the pods.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
 
 from slinky.kube import conditions, events, objects, rest
 from slinky.operator.nodeset import builder, pods
 from slinky.operator.nodeset.view import Context, View
 from slinky.operator.resources import NODESETS
+from slinky.types import JSON
 
-JSON = dict[str, Any]
 CONNECTED = "SlurmConnected"
 DELETING = "Deleting"
 CREATABLE = "PodsCreatable"

@@ -28,7 +28,6 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from typing import Any
 
 from slinky.api.schema import ParseError, parse
 from slinky.api.v1alpha1.cluster import ClusterSpec
@@ -46,10 +45,10 @@ from slinky.operator.nodeset.view import Context, View
 from slinky.operator.resources import FINALIZER, NODESETS
 from slinky.slurm import errors
 from slinky.slurm.models import expand_hostlist
+from slinky.types import JSON
 
 log = logging.getLogger(__name__)
 
-JSON = dict[str, Any]
 ANNOTATION_SKIP_DRAIN = partition.ANNOTATION_SKIP_DRAIN
 WAITING_FOR_TERMINATING_S = 2.0
 REGISTERED = "SlurmNodesRegistered"

@@ -17,17 +17,16 @@ import datetime as dt
 import logging
 import math
 from collections.abc import Callable
-from typing import Any, cast
+from typing import cast
 
 from slinky.api.v1alpha1.nodeset import RollingUpdate
 from slinky.operator.nodeset import pods, scalein, slurmcontrol
 from slinky.operator.nodeset.mirror import REGISTRATION_WINDOW_S
 from slinky.operator.nodeset.view import Context, View
 from slinky.slurm.models import Node, number
+from slinky.types import JSON
 
 log = logging.getLogger(__name__)
-
-JSON = dict[str, Any]
 
 
 def max_unavailable(ru: RollingUpdate | None, replicas: int) -> int:

@@ -19,8 +19,7 @@ from slinky.operator.clients import Connection
 from slinky.operator.nodeset import builder, pods
 from slinky.operator.nodeset.podcontrol import PodControl
 from slinky.slurm.models import Node
-
-JSON = dict[str, Any]
+from slinky.types import JSON
 
 
 @dataclass
