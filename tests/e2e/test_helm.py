@@ -680,18 +680,19 @@ async def test_helm_installs_operator_slurm_and_bridge_that_run_jobs_upgrade_and
         {
             "metadata": {"name": held, "finalizers": [BRIDGE_FINALIZER]},
             "spec": {
-                "schedulerName": "nobody",
+                # The bridge's pod, in a namespace it does not manage: no job is made for it.
+                "schedulerName": f"{i.bridge_release}-scheduler",
                 "containers": [{"name": "c", "image": nodes.image_ref("slinky")}],
             },
         },
-        i.jobs_ns,
+        i.slurm_ns,
     )
     await i.helm("uninstall", i.bridge_release, "-n", i.slurm_ns, "--wait")
     node = await kube.get(rest.NODES, kwok)
     assert taint not in (node["spec"].get("taints") or []), node["spec"]
-    left = await kube.get(rest.PODS, held, i.jobs_ns)
+    left = await kube.get(rest.PODS, held, i.slurm_ns)
     assert BRIDGE_FINALIZER not in (left["metadata"].get("finalizers") or [])
-    await kube.delete(rest.PODS, held, i.jobs_ns)
+    await kube.delete(rest.PODS, held, i.slurm_ns)
     job = await submit(i, "batch", 30)
     await running(i, job)
     # A NodeSet made by hand for the release's Cluster goes with it (not left orphaned).

@@ -297,11 +297,16 @@ async def test_a_whole_group_gets_one_job_and_binds_only_once_allocated_on_disti
 async def test_a_pod_leaving_a_pending_group_cancels_the_job_and_frees_the_others() -> None:
     sync, slurm, kube, pods = gang_setup(2)
     job_id = await submitted_group(sync, slurm, pods)
+    await sync.reconcile("ns/g-1")  # both members placed: both wait on the job
     pods.delete("ns/g-0")
     await sync.reconcile("ns/g-0")
     assert slurm.cancelled == [job_id]
     assert job_label(pods.get("ns/g-1")) is None  # waits for a whole group again
     assert kube.bound == {}
+    # No one waits on the cancelled job any more: it would keep every later pod from an
+    # immediate allocation ("a pending job of ours may be there") and Slurm polled fast.
+    assert sync.ledger.waited_jobs() == [] and sync.ledger.waiters(job_id) == []
+    assert not sync.pending_in("bridge")
 
 
 async def test_a_pod_leaving_an_allocated_group_before_any_binding_cancels_the_job() -> None:

@@ -91,3 +91,13 @@ def test_owed_cancels_and_confirming() -> None:
     with pytest.raises(RuntimeError), ledger.confirming(8):
         raise RuntimeError
     assert not ledger.is_confirming(8)
+
+
+def test_dropping_a_job_frees_every_pod_that_waited_on_it() -> None:
+    ledger = Ledger()
+    ledger.wait("ns/g-0", 9)
+    ledger.wait("ns/g-1", 9)
+    ledger.wait("ns/p", 3)
+    assert ledger.drop_job(9) == ["ns/g-0", "ns/g-1"]
+    assert ledger.waited_jobs() == [3] and ledger.waits_on("ns/g-1") is None
+    assert ledger.drop_job(9) == []

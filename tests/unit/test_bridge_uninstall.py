@@ -40,8 +40,15 @@ async def test_run_patches_tainted_nodes_and_held_pods_only() -> None:
         {"metadata": {"name": "b"}, "spec": {"taints": [ADMIN]}},
     ]
     pods = [
-        {"metadata": {"name": "p", "namespace": "ns", "finalizers": ["x", FINALIZER]}},
-        {"metadata": {"name": "q", "namespace": "ns", "finalizers": ["x"]}},
+        {
+            "metadata": {"name": "p", "namespace": "ns", "finalizers": ["x", FINALIZER]},
+            "spec": {"schedulerName": "s1"},
+        },
+        {"metadata": {"name": "q", "namespace": "ns", "finalizers": ["x"]}, "spec": {}},
+        {  # another bridge's pod keeps its finalizer
+            "metadata": {"name": "r", "namespace": "ns", "finalizers": [FINALIZER]},
+            "spec": {"schedulerName": "s2"},
+        },
     ]
     kube = FakeKube(nodes, pods)
     await uninstall.run(kube, "s1")  # type: ignore[arg-type]

@@ -133,3 +133,19 @@ async def test_listening_probes_the_port() -> None:
         await server.wait_closed()
     assert not await listening(f"http://127.0.0.1:{port}")
     assert not await listening("not a url")
+
+
+async def test_another_namespace_is_not_looked_into_and_a_pull_error_is_named() -> None:
+    kube = FakeKube(services=[SERVICE], pods=[pending_pod(None)])
+    # A Cluster in namespace "mine" naming a Service elsewhere: its status tells nothing.
+    assert await diagnose.controller_problem(kube, "slurm-controller.other", "mine") is None  # type: ignore[arg-type]
+    assert kube.asked == []
+    pulling = pending_pod(None)
+    pulling["status"]["conditions"] = [{"type": "PodScheduled", "status": "True"}]
+    pulling["status"]["containerStatuses"] = [
+        {"name": "slurmctld", "state": {"waiting": {"reason": "ImagePullBackOff"}}}
+    ]
+    kube = FakeKube(services=[SERVICE], pods=[pulling])
+    got = await diagnose.controller_problem(kube, "slurm-controller", "ns")  # type: ignore[arg-type]
+    assert got is not None and got[0] == "SlurmctldPodPending"
+    assert "(slurmctld: ImagePullBackOff)" in got[1], got[1]

@@ -849,3 +849,17 @@ def test_a_new_key_rolls_the_daemons_that_read_it() -> None:
         assert annotations["checksum/keys"] == both, (kind, name)
     nodeset = one(objs, "NodeSet")["spec"]["template"]["metadata"]["annotations"]
     assert nodeset["checksum/slurm-key"] == hashlib.sha256(slurm_key.encode()).hexdigest()[:16]
+
+
+def test_an_upgrade_does_not_make_a_new_slurm_key_unless_asked() -> None:
+    """A chart-made slurm.key whose Secret is gone at an upgrade: a new key would cut every
+    running slurmd off slurmctld (their jobs would die), so the upgrade refuses, saying how to
+    go on; a missing JWT key is simply made anew (only REST clients use it)."""
+    out = helm("template", "x", str(CHARTS / "slurm"), "--is-upgrade", check=False)
+    assert out.returncode != 0
+    assert "Secret x-slurm-key (key slurm.key) is gone" in out.stderr, out.stderr
+    assert "slurmKey.regenerate=true" in out.stderr
+    ok = helm(
+        "template", "x", str(CHARTS / "slurm"), "--is-upgrade", "--set", "slurmKey.regenerate=true"
+    )
+    assert "jwt_hs256.key" in ok.stdout

@@ -163,22 +163,25 @@ Args: root, name (the Secret), key, size (bytes to make).
 {{- $_ := set .root.Values "__slinkyKeys" dict }}
 {{- end }}
 {{- $cache := get .root.Values "__slinkyKeys" }}
-{{- if not (hasKey $cache .name) }}
+{{- $id := printf "%s/%s" .name .key }}
+{{- if not (hasKey $cache $id) }}
 {{- $old := lookup "v1" "Secret" .root.Release.Namespace .name }}
 {{- if and $old $old.data (index $old.data .key) }}
-{{- $_ := set $cache .name (index $old.data .key) }}
+{{- $_ := set $cache $id (index $old.data .key) }}
 {{- else if .existing }}
-{{- $_ := set $cache .name "" }}
+{{- $_ := set $cache $id "" }}
+{{- else if and .root.Release.IsUpgrade .keep }}
+{{- fail (printf "Secret %s (key %s) is gone: a new key would cut every running slurmd off slurmctld and their jobs would die. Restore the Secret, or set slurmKey.regenerate=true to make a new key knowingly (slurmctld restarts, the slurmd pods roll; jobs running on the old key are lost)" .name .key) }}
 {{- else }}
 {{- /* randBytes gives base64 of that many random bytes */ -}}
-{{- $_ := set $cache .name (randBytes .size) }}
+{{- $_ := set $cache $id (randBytes .size) }}
 {{- end }}
 {{- end }}
-{{- get $cache .name }}
+{{- get $cache $id }}
 {{- end }}
 
 {{- define "slurm.slurmKeyValue" -}}
-{{- include "slurm.keyValue" (dict "root" . "name" (include "slurm.slurmKeySecret" .) "key" "slurm.key" "size" 1024 "existing" .Values.slurmKey.existingSecret) }}
+{{- include "slurm.keyValue" (dict "root" . "name" (include "slurm.slurmKeySecret" .) "key" "slurm.key" "size" 1024 "existing" .Values.slurmKey.existingSecret "keep" (not .Values.slurmKey.regenerate)) }}
 {{- end }}
 
 {{- define "slurm.jwtKeyValue" -}}

@@ -65,13 +65,16 @@ async def untaint_nodes(kube: rest.Kube, scheduler_name: str) -> list[str]:
     return done
 
 
-async def release_pods(kube: rest.Kube) -> list[str]:
-    """Take the bridge's finalizer off every pod that has it; their keys."""
+async def release_pods(kube: rest.Kube, scheduler_name: str) -> list[str]:
+    """Take the bridge's finalizer off the pods of this bridge (their schedulerName: another
+    bridge's pods keep theirs); their keys."""
     done = []
     for pod in (await kube.list(rest.PODS))["items"]:
         meta = pod["metadata"]
         finalizers = list(meta.get("finalizers") or [])
         if FINALIZER not in finalizers:
+            continue
+        if (pod.get("spec") or {}).get("schedulerName") != scheduler_name:
             continue
         i = finalizers.index(FINALIZER)
         patch = [
@@ -121,10 +124,11 @@ async def run(kube: rest.Kube, scheduler_name: str, attempts: int = 5) -> None:
     for attempt in range(attempts):
         try:
             nodes = await untaint_nodes(kube, scheduler_name)
-            pods = await release_pods(kube)
+            pods = await release_pods(kube, scheduler_name)
             break
         except rest.ApiError as e:
-            if not e.conflict or attempt == attempts - 1:
+            # 409, or 422: a JSON patch's test failed (the object changed since the list).
+            if e.code not in (409, 422) or attempt == attempts - 1:
                 raise
     print(f"taint {MANAGED_NODE_TAINT}={scheduler_name} removed from {len(nodes)} nodes: "
           + (", ".join(nodes) or "none"), flush=True)  # fmt: skip

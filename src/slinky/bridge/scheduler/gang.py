@@ -372,6 +372,7 @@ class GangScheduler:
         # cancel that fails is retried from the scheduler's own list.
         ledger = self.sync.ledger
         ledger.owe_cancel(job_id)
+        ledger.drop_job(job_id)  # its pods wait for a whole group again, not on it
         for p in others:
             uid = str(p["metadata"]["uid"])
             if podcontrol.job_id_of(p) == job_id or ledger.job_made_for(uid) == job_id:

@@ -116,6 +116,15 @@ class Ledger:
         del self._waiters[job_id]
         return True
 
+    def drop_job(self, job_id: int) -> list[str]:
+        """No pod waits on `job_id` any more (it was cancelled or abandoned); the keys of
+        those that did."""
+        keys = sorted(self._waiters.pop(job_id, ()))
+        for key in keys:
+            if self._waits_on.get(key) == job_id:
+                del self._waits_on[key]
+        return keys
+
     def waiters(self, job_id: int) -> list[str]:
         """The keys of the pods waiting on `job_id`, sorted."""
         return sorted(self._waiters.get(job_id, ()))

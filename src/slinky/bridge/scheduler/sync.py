@@ -507,6 +507,7 @@ class SchedulerSync:
             except errors.SlurmError:
                 return
             self.ledger.paid(job_id)
+            self.ledger.drop_job(job_id)
             self.watch.untrack(job_id)
 
     async def ask_allocation(self, desc: JSON, tokens: TokenProvider) -> int | None:

@@ -28,7 +28,8 @@ async def controller_problem(
 ) -> tuple[str, str] | None:
     """(reason, message) when slurmctld's pod explains the failure, else None."""
     where = service_of(host or "", namespace)
-    if where is None:
+    if where is None or where[0] != namespace:
+        # Only the Cluster's own namespace: its status must not tell what is in another.
         return None
     ns, name = where
     try:
@@ -62,9 +63,21 @@ async def _pod_problem(kube: rest.Kube, ns: str, pod: JSON) -> tuple[str, str] |
     if conditions.is_true(conds, "Ready"):
         return None
     phase = status.get("phase") or "Pending"
+    containers = [
+        *(status.get("initContainerStatuses") or []),
+        *(status.get("containerStatuses") or []),
+    ]
+    waiting = [
+        f"{c.get('name')}: {(c.get('state') or {}).get('waiting', {}).get('reason')}"
+        for c in containers
+        if (c.get("state") or {}).get("waiting")
+    ]
     if phase == "Pending":
         scheduled = conditions.find(conds, "PodScheduled") or {}
-        said = str(scheduled.get("message") or "")
+        unscheduled = (
+            "" if scheduled.get("status") == "True" else str(scheduled.get("message") or "")
+        )
+        said = ", ".join(x for x in (unscheduled, *waiting) if x)
         message = f"waiting for slurmctld's pod {ns}/{name}: Pending" + (
             f" ({said})" if said else ""
         )
@@ -72,11 +85,6 @@ async def _pod_problem(kube: rest.Kube, ns: str, pod: JSON) -> tuple[str, str] |
         if claims:
             message += "; " + "; ".join(claims)
         return "SlurmctldPodPending", message
-    waiting = [
-        f"{c.get('name')}: {(c.get('state') or {}).get('waiting', {}).get('reason')}"
-        for c in status.get("containerStatuses") or []
-        if (c.get("state") or {}).get("waiting")
-    ]
     return (
         "SlurmctldPodNotReady",
         f"slurmctld's pod {ns}/{name} is {phase} but not Ready"
