@@ -181,17 +181,26 @@ def judge_job(soak: Soak, job: TrackedJob, slurm_log: dict[int, list[str]]) -> V
                 f"{node} at {soak.rel(t)} while the job ran there",
                 evidence,
             )
-    completed = job.ended_at if job.first_end == "COMPLETED" else None
-    completed = completed or completed_in_log(slurm_log.get(job.job_id, []))
+    # Its first completion: seen by the soak, or (a completion the soak's 3 s polls missed,
+    # e.g. undone by a kill -9 within a second) in slurmctld.log.
+    seen = job.ended_at if job.first_end == "COMPLETED" else None
+    logged = completed_in_log(slurm_log.get(job.job_id, []))
+    completed = min((t for t in (seen, logged) if t is not None), default=None)
     last_seen = job.states[-1][0] if job.states else end  # its last end, after a revival
     revived_by = [t for t in soak.slurmctld_kills if completed and completed <= t <= last_seen]
     if revived_by:
+        then = (
+            f"requeued it ({job.restart_cnt}x: its batch script was gone from the node) and "
+            f"it ended {job.final_state}"
+            if job.restart_cnt
+            else f"ended it again {job.final_state} (its processes were long gone)"
+        )
         return Verdict(
             key,
             SLURM,
             f"ended COMPLETED at {soak.rel(completed or 0)}, slurmctld was killed -9 at "
-            f"{soak.rel(revived_by[0])} before saving that, restored the job as running and "
-            f"ended it again {job.final_state} (its processes were long gone)",
+            f"{soak.rel(revived_by[0])} before saving that, restored the job as running, then "
+            + then,
             evidence,
         )
     reason = job.last.state_reason if job.last else ""

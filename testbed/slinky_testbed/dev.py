@@ -87,7 +87,11 @@ def sample_objects(bed: Testbed) -> list[dict[str, object]]:
                 "selector": {"matchLabels": labels},
                 "template": {
                     "metadata": {"labels": labels},
-                    "spec": pods.slurmd_pod_spec(["--conf", "CPUs=2 RealMemory=1000"]),
+                    # As the slurm chart's default: a slurmd pod deleted in the moment
+                    # between a job's start and the operator's next look (the busy label
+                    # not on it yet, so the policy let the delete through) waits in its
+                    # preStop for that job (MaxTime 60) instead of killing it after 10 s.
+                    "spec": pods.slurmd_pod_spec(["--conf", "CPUs=2 RealMemory=1000"], grace_s=300),
                 },
             },
         },

@@ -4,6 +4,7 @@ in a slurmctld kill -9 is not mistaken for the job that was given its id afterwa
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -58,3 +59,25 @@ def test_a_new_submission_given_a_lost_jobs_id_keeps_both(tmp_path: Path) -> Non
         ("soak-b1", 110.0),
         ("soak-b2", None),
     ]
+
+
+def test_a_job_revived_and_requeued_by_a_slurmctld_kill_right_after_it_completed_is_slurms(
+    tmp_path: Path,
+) -> None:
+    """The 30-minute soak: job 52 completed 0.6 s before slurmctld was killed -9; the restored
+    state had it running, its batch script was gone from the node, Slurm requeued it and it
+    completed again. The soak's polls never saw the first completion; slurmctld.log did."""
+    from bench.soak_report import SLURM, judge_job
+
+    s = soak(tmp_path)
+    first_done = datetime(2026, 11, 26, 14, 35, 2, 32000).timestamp()
+    job = TrackedJob(52, "soak-c3", "compute", 1, 38, first_done - 40)
+    job.states = [(first_done - 38, "RUNNING"), (first_done + 150, "PENDING"),
+                  (first_done + 190, "COMPLETED")]  # fmt: skip
+    job.restart_cnt, job.first_end, job.ended_at = 1, "COMPLETED", first_done + 190
+    job.last = listed(52, "soak-c3", "COMPLETED")
+    s.slurmctld_kills.append(first_done + 0.6)
+    log = {52: ["[2026-11-26T14:35:02.032] _job_complete: JobId=52 WEXITSTATUS 0"]}
+    verdict = judge_job(s, job, log)
+    assert verdict.verdict == SLURM, verdict
+    assert "requeued it" in verdict.why
