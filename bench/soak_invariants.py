@@ -192,9 +192,17 @@ class InvariantWatch:
         self.samples = 0
         self.slurmctld_kills = slurmctld_kills if slurmctld_kills is not None else []
 
-    def grace(self, inv: Invariant, first: float) -> float:
-        after_crash = any(0 <= first - t <= CRASH_WINDOW_S for t in self.slurmctld_kills)
-        return max(inv.grace_s, inv.grace_after_crash_s if after_crash else 0.0)
+    def allowed_until(self, inv: Invariant, first: float, now: float) -> float:
+        """Until when a breach first seen at `first` may last. After a slurmctld kill -9 the
+        bridge gets `grace_after_crash_s` from the *last* kill so far (while slurmctld is down
+        again nothing can be repaired: a second kill restarts the clock)."""
+        until = first + inv.grace_s
+        if not inv.grace_after_crash_s:
+            return until
+        if not any(0 <= first - t <= CRASH_WINDOW_S for t in self.slurmctld_kills):
+            return until
+        last = max(t for t in self.slurmctld_kills if t <= now)
+        return max(until, last + inv.grace_after_crash_s)
 
     def sample(self, s: Snapshot, *, final: bool = False) -> None:
         self.samples += 1
@@ -202,7 +210,7 @@ class InvariantWatch:
             now = inv.breaches(s)
             for key, evidence in now.items():
                 first = self.seen.setdefault((inv.name, key), s.at)
-                if not final and s.at - first < self.grace(inv, first):
+                if not final and s.at < self.allowed_until(inv, first, s.at):
                     continue
                 breach = self.breaches.get((inv.name, key))
                 if breach is None:

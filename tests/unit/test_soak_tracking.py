@@ -81,3 +81,18 @@ def test_a_job_revived_and_requeued_by_a_slurmctld_kill_right_after_it_completed
     verdict = judge_job(s, job, log)
     assert verdict.verdict == SLURM, verdict
     assert "requeued it" in verdict.why
+
+
+def test_a_breach_spanning_a_second_slurmctld_kill_gets_its_grace_from_the_last_kill() -> None:
+    """The soak: pods bound where Slurm no longer allocated, right after a slurmctld kill -9;
+    slurmctld was killed again 16.6 s later and the bridge repaired it 13.5 s after that
+    restart, 32.5 s after the first: within the grace counted from the last kill."""
+    from bench.soak_invariants import INVARIANTS, InvariantWatch
+
+    misbound = next(i for i in INVARIANTS if i.name.startswith("pods bound where"))
+    watch = InvariantWatch([100.0, 116.6])
+    first = 100.2
+    assert watch.allowed_until(misbound, first, now=110.0) == 130.0  # one kill so far
+    assert watch.allowed_until(misbound, first, now=132.7) == 146.6  # the second restarts it
+    far = InvariantWatch([10.0])  # a kill long before: no extra grace
+    assert far.allowed_until(misbound, first, now=110.0) == first + misbound.grace_s
