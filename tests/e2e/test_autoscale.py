@@ -213,8 +213,9 @@ async def test_metrics_api_counts_waiting_jobs_and_refuses_unknown_names(env: En
         assert await metric_value(e, "slurm_nodeset_jobs_pending_nodes", f"nodeset={name}") == 3
         scraped = e.operator.metrics()
         assert (
-            # The cluster label is the Cluster's name, as in the external metrics API.
-            f'slurm_partition_jobs_pending{{namespace="{e.namespace}",cluster="slurm",'
+            # The cluster label is the Cluster's name, as in the external metrics API (the
+            # exposition sorts label names).
+            f'slurm_partition_jobs_pending{{cluster="slurm",namespace="{e.namespace}",'
             f'partition="{name}"}} 2.0' in scraped
         )
         assert (
