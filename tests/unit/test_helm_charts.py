@@ -830,7 +830,8 @@ def test_operator_uninstall_waits_for_what_it_still_finalizes() -> None:
             "apiGroups": ["slinky.slurm.net"],
             "resources": ["clusters", "nodesets"],
             "verbs": ["list"],
-        }
+        },
+        {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list"]},
     ]
     assert not kinds(render("slurm-operator", "cleanup.enabled=false"), "Job")
 

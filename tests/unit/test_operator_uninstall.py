@@ -28,7 +28,7 @@ class FakeKube:
         self.polls = 0
 
     async def list(self, res: Any, *_a: Any, **_k: Any) -> JSON:
-        state = self.states[min(self.polls // 2, len(self.states) - 1)]
+        state = self.states[min(self.polls // 3, len(self.states) - 1)]
         self.polls += 1
         return {"items": state.get(res.plural, [])}
 
@@ -62,3 +62,19 @@ async def test_gives_up_at_the_timeout_saying_what_still_drains(
     )
     assert code == 1
     assert "still being deleted after 25s" in capsys.readouterr().out
+
+
+async def test_an_object_in_a_namespace_being_deleted_is_waited_for(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The namespace was deleted just before the uninstall; the namespace controller has not
+    deleted the NodeSet yet when the hook looks: it is waited for all the same."""
+    ending = {"metadata": {"name": "ns", "deletionTimestamp": "2026-11-26T00:00:00Z"}}
+    kube = FakeKube(
+        [
+            {"namespaces": [ending], NODESETS.plural: [obj("a")]},
+            {"namespaces": [], NODESETS.plural: []},
+        ]
+    )
+    assert await uninstall.run(kube, timeout=60, interval=0) == 0  # type: ignore[arg-type]
+    assert "waiting for the operator to finish: NodeSet ns/a" in capsys.readouterr().out

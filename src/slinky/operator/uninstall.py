@@ -21,7 +21,14 @@ from slinky.operator.resources import CLUSTERS, FINALIZER, NODESETS
 
 
 async def held(kube: rest.Kube) -> tuple[list[str], list[str]]:
-    """(being deleted, staying): 'Kind namespace/name' of the objects with our finalizer."""
+    """(being deleted, staying): 'Kind namespace/name' of the objects with our finalizer.
+    An object in a namespace being deleted counts as being deleted: the namespace controller
+    deletes it a moment later, maybe after the operator is gone."""
+    ending = {
+        str(ns["metadata"]["name"])
+        for ns in (await kube.list(rest.NAMESPACES))["items"]
+        if ns["metadata"].get("deletionTimestamp")
+    }
     deleting: list[str] = []
     staying: list[str] = []
     for res in (NODESETS, CLUSTERS):
@@ -30,7 +37,8 @@ async def held(kube: rest.Kube) -> tuple[list[str], list[str]]:
             if FINALIZER not in (meta.get("finalizers") or []):
                 continue
             what = f"{res.kind} {meta.get('namespace')}/{meta['name']}"
-            (deleting if meta.get("deletionTimestamp") else staying).append(what)
+            gone = meta.get("deletionTimestamp") or meta.get("namespace") in ending
+            (deleting if gone else staying).append(what)
     return deleting, staying
 
 
