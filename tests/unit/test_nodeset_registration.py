@@ -170,3 +170,40 @@ def test_an_hpa_that_cannot_scale_a_nodeset_up_from_zero_is_named() -> None:
     ((_, ok, reason, message),) = view.conditions
     assert not ok and "set the NodeSet's replicas to 1 once" in message
     assert "minReplicas to 0 (feature" not in message
+
+
+async def test_a_ready_pod_whose_idle_node_stopped_responding_is_replaced_once_slurm_agrees() -> (
+    None
+):
+    """The soak: a rolling update replaced batch-0, the new pod registered, then slurmctld
+    was killed -9 and restored the node record saved before (the old pod's address): it
+    pings an address no one has, the node IDLE+NOT_RESPONDING for good, the pod Ready. A
+    node with jobs is left to Slurm."""
+    from slinky.operator.nodeset.sync import RESPONDING
+
+    late = mirror.REGISTRATION_DEADLINE_S + 30
+    since = (dt.datetime.now(dt.UTC) - dt.timedelta(seconds=late)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    states = {"cpu-0": ["IDLE", "NOT_RESPONDING"], "cpu-1": ["MIXED", "NOT_RESPONDING"]}
+    sync, view, deletes = setup(list(states), {n: late for n in states})
+    assert view.conn is not None
+    raw = {n: {"name": n, "state": s} for n, s in states.items()}
+    view.conn.informer.nodes = {n: Node.parse(r) for n, r in raw.items()}
+
+    def handler(req: httpx2.Request) -> httpx2.Response:
+        name = req.url.path.rstrip("/").rsplit("/", 1)[-1]
+        return httpx2.Response(200, json={"nodes": [raw[name]]})
+
+    view.conn.client.http = httpx2.AsyncClient(
+        base_url=view.conn.client.url, transport=httpx2.MockTransport(handler)
+    )
+    view.conn.client.version = "v0.0.45"
+    for name in states:
+        view.active[name]["status"]["conditions"].append(
+            {"type": "SlurmNodeStateNotResponding", "status": "True", "lastTransitionTime": since}
+        )
+    sync.rescuing = {}
+    await sync.replace_unreachable(view)
+    assert deletes.deleted == ["cpu-0"]  # cpu-1 runs a job: Slurm's to handle
+    ((ctype, ok, reason, message),) = view.conditions
+    assert (ctype, ok, reason) == (RESPONDING, False, "SlurmNodeNotResponding")
+    assert "cpu-0" in message and "cpu-1" not in message

@@ -166,6 +166,35 @@ def unregistered(view: View) -> list[JSON]:
     return out
 
 
+def unreachable(view: View) -> list[JSON]:
+    """Active Ready pods whose own Slurm node has been IDLE and NOT_RESPONDING for over
+    REGISTRATION_DEADLINE_S (the mirrored condition's transition time), by a view polled
+    after that: slurmctld pings an address the pod no longer has (a kill -9 restored the
+    node record of the pod's predecessor, saved before this pod registered) or its slurmd
+    hangs. No job is on the node; replacing the pod registers it anew."""
+    if view.conn is None or not view.slurm_ready:
+        return []
+    informer = view.conn.informer
+    now = dt.datetime.now(dt.UTC)
+    out = []
+    for pod, node in view.pods_with_nodes():
+        s = node.state
+        if pods.condemned(pod) is not None or pods.ready_since(pod) is None:
+            continue
+        if not s.has("NOT_RESPONDING") or s.base != "IDLE" or s.has("COMPLETING"):
+            continue
+        cond = conditions.find(
+            (pod.get("status") or {}).get("conditions"), "SlurmNodeStateNotResponding"
+        )
+        if not cond or cond.get("status") != "True" or not cond.get("lastTransitionTime"):
+            continue
+        since = pods.parse_time(str(cond["lastTransitionTime"]))
+        overdue = (now - since).total_seconds() - REGISTRATION_DEADLINE_S
+        if overdue > 0 and informer.polled_ago < overdue:
+            out.append(pod)
+    return out
+
+
 def cordon_reason(ctx: Context, pod: JSON) -> str | None:
     """The drain reason a cordon asks for, or None."""
     if pods.annotation(pod, ANNOTATION_CORDON) == "true":

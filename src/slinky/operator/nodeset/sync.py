@@ -41,7 +41,7 @@ from slinky.kube.store import BY_OWNER_UID
 from slinky.operator.clients import ClusterClients, Connection
 from slinky.operator.nodeset import builder, mirror, partition, pods, scalein, status, update
 from slinky.operator.nodeset.podcontrol import PodControl
-from slinky.operator.nodeset.view import Context, View
+from slinky.operator.nodeset.view import Context, View, belongs_to
 from slinky.operator.resources import FINALIZER, NODESETS
 from slinky.slurm import errors
 from slinky.slurm.models import expand_hostlist
@@ -53,6 +53,7 @@ ANNOTATION_SKIP_DRAIN = partition.ANNOTATION_SKIP_DRAIN
 WAITING_FOR_TERMINATING_S = 2.0
 REGISTERED = "SlurmNodesRegistered"
 AUTOSCALING = "Autoscaling"
+RESPONDING = "SlurmNodesResponding"
 BY_HPA_TARGET = "hpa-target"
 
 
@@ -121,6 +122,7 @@ class NodeSetSync:
         # backoff of replacing pods that lost their registration.
         self.registered_once: set[str] = set()
         self.replacing: dict[str, tuple[Backoff, float]] = {}
+        self.rescuing: dict[str, tuple[Backoff, float]] = {}
         self.ctx = Context(
             kube=kube,
             podcontrol=PodControl(kube, expectations),
@@ -223,6 +225,7 @@ class NodeSetSync:
         if self.ctx.expectations.satisfied(view.exp_key):
             await self.replace_finished(view)
             await self.replace_unregistered(view)
+            await self.replace_unreachable(view)
             self.check_autoscaler(view)
             if mirror.registering(view):
                 view.waits.append("new slurmd registering")
@@ -377,6 +380,65 @@ class NodeSetSync:
                     "replacing the pod",
                 )
                 log.warning("nodeset %s: pod %s has no Slurm node; replacing it", view.key, name)
+            view.moved(pod)
+
+    async def replace_unreachable(self, view: View) -> None:
+        """Pods Ready whose own Slurm node has been IDLE and NOT_RESPONDING past the deadline
+        (`mirror.unreachable`) are named in the condition `SlurmNodesResponding` and
+        replaced (at most once per backoff period): Slurm confirms, right before, that the
+        node is still IDLE and NOT_RESPONDING and this pod's, so no job is on it. A node with
+        jobs is left to Slurm (SlurmdTimeout)."""
+        uid = str(view.obj["metadata"]["uid"])
+        stuck = mirror.unreachable(view)
+        had = conditions.find((view.obj.get("status") or {}).get("conditions"), RESPONDING)
+        if not stuck:
+            self.rescuing.pop(uid, None)
+            if had is not None:
+                view.conditions.append(
+                    (RESPONDING, True, "Responding", "every Ready pod's Slurm node responds")
+                )
+            return
+        names = ", ".join(sorted(pods.name(p) for p in stuck))
+        view.conditions.append(
+            (
+                RESPONDING,
+                False,
+                "SlurmNodeNotResponding",
+                f"Ready for over {mirror.REGISTRATION_DEADLINE_S:.0f}s while Slurm says their "
+                f"idle nodes do not respond: {names} (slurmctld pings an old address, or "
+                "slurmd hangs); replaced",
+            )
+        )
+        backoff, due = self.rescuing.get(uid, (Backoff(60.0, 900.0), 0.0))
+        if time.monotonic() < due or view.conn is None:
+            return
+        self.rescuing[uid] = (backoff, time.monotonic() + backoff.next())
+        for pod in stuck:
+            name = pods.name(pod)
+            try:
+                node = await view.conn.client.get_node(name)
+            except errors.SlurmError:
+                continue
+            s = node.state
+            if (
+                not s.has("NOT_RESPONDING")
+                or s.base != "IDLE"
+                or s.has("COMPLETING")
+                or not belongs_to(node, view.namespace, name)
+            ):
+                continue
+            if await self.ctx.podcontrol.delete_pod(view.exp_key, pod):
+                self.ctx.recorder.event(
+                    view.obj,
+                    events.WARNING,
+                    "SlurmNodeNotResponding",
+                    f"pod {name} is Ready but its idle Slurm node has not responded for over "
+                    f"{mirror.REGISTRATION_DEADLINE_S:.0f}s; replacing the pod (a new slurmd "
+                    "registers anew)",
+                )
+                log.warning(
+                    "nodeset %s: Slurm node %s does not respond; replacing its pod", view.key, name
+                )
             view.moved(pod)
 
     def check_autoscaler(self, view: View) -> None:
