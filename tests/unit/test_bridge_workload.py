@@ -14,6 +14,7 @@ from slinky.bridge.jobwatch import JobWatch
 from slinky.bridge.labels import FINALIZER, SLURM_JOBID
 from slinky.bridge.workload.sync import (
     BY_JOB,
+    ORPHANS_KEY,
     REVIVED_PREFIX,
     UNCONFIRMED_PREFIX,
     WorkloadSync,
@@ -231,3 +232,27 @@ async def test_an_allocation_never_marked_as_ours_is_cancelled_once_no_scheduler
     assert young.requeue_after is not None and 50 <= young.requeue_after <= 56
     await sync.reconcile(f"{UNCONFIRMED_PREFIX}21")
     assert slurm.cancelled == [21]
+
+
+async def test_a_job_slurm_revived_for_a_pod_that_ended_long_ago_is_cancelled_by_the_sweep() -> (
+    None
+):
+    """The soak: pod p75 Succeeded (left in place), its job cancelled; slurmctld was killed
+    -9 and came back with the job RUNNING from saved state, and no process followed it any
+    more (the bridge had been restarted): the job held kwok-1 for 27 minutes and a gang
+    waited behind it. The sweep after slurmctld's node list cancels it; a running pod's job
+    is kept."""
+    sync, slurm, _kube, pods, _changed = setup(phase="Succeeded")
+    running = make_pod("q", "u2")
+    running["metadata"]["labels"][SLURM_JOBID] = "8"
+    running["spec"]["nodeName"] = "n2"
+    running["status"]["phase"] = "Running"
+    pods.upsert(running)
+    slurm.jobs[8] = {
+        "job_id": 8,
+        "job_state": ["RUNNING"],
+        "nodes": "n2",
+        "admin_comment": placeholder.admin_comment([running], CONFIG),
+    }
+    await sync.reconcile(ORPHANS_KEY)
+    assert slurm.cancelled == [7]

@@ -11,12 +11,21 @@
 
 from __future__ import annotations
 
+import time
+
 from slinky.bridge import podcontrol
 from slinky.bridge.config import BridgeConfig
 from slinky.bridge.connection import SlurmConnection
 from slinky.bridge.jobwatch import JobWatch
 from slinky.bridge.scheduler.controller import pods_informer
-from slinky.bridge.workload.sync import BY_JOB, REVIVED_PREFIX, WorkloadSync, index_job
+from slinky.bridge.workload.sync import (
+    BY_JOB,
+    ORPHAN_SWEEP_S,
+    ORPHANS_KEY,
+    REVIVED_PREFIX,
+    WorkloadSync,
+    index_job,
+)
 from slinky.kube import events, rest
 from slinky.kube.controller import Controller
 from slinky.kube.informer import Handler, InformerFactory
@@ -83,4 +92,12 @@ def build(
     # it) while the node cache never showed the allocation sends no node event: its pod ran
     # on where Slurm no longer held anything until the settled tick, a minute later.
     slurm.informer.on_node_list(watch.all_due)
+    last_sweep = [0.0]
+
+    def sweep_orphans() -> None:
+        if time.monotonic() - last_sweep[0] >= ORPHAN_SWEEP_S:
+            last_sweep[0] = time.monotonic()
+            ctrl.enqueue(ORPHANS_KEY)
+
+    slurm.informer.on_node_list(sweep_orphans)
     return ctrl, sync, watch

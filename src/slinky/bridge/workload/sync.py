@@ -29,8 +29,10 @@ read before any pod is deleted for its job.
 
 A job the controller cancelled is followed until Slurm purges it (`JobWatch.
 follow_cancelled`); if slurmctld brings it back (a crash right after it acknowledged the
-cancel), `revived` cancels it again. `cancel_orphans` runs once at start: a live job of
-ours whose pods are all gone (confirmed by the apiserver, not only the cache) is cancelled,
+cancel), `revived` cancels it again. `cancel_orphans` runs at start and, at most once a
+minute, after slurmctld returned its node list (as it does after a restart, when a job this
+process never followed may be back): a live job of ours whose pods are all gone or ended
+(confirmed by the apiserver, not only the cache) is cancelled,
 and so is a job allocated as its user that was never marked as ours (`unconfirmed`), once it
 is old enough that no scheduler can be marking it (`abandoned_allocation`).
 """
@@ -58,6 +60,10 @@ log = logging.getLogger(__name__)
 BY_JOB = "slurm-jobid"
 REVIVED_PREFIX = "revived-job:"  # work queue key of a cancelled job Slurm brought back
 UNCONFIRMED_PREFIX = "unconfirmed-job:"  # ... of an allocation never marked as ours
+ORPHANS_KEY = "orphaned-jobs"  # ... of a sweep for live jobs whose pods are gone or ended
+# A sweep runs at most this often: after slurmctld returned the node list (a node changed,
+# or slurmctld restarted: then a job cancelled before may be live again from saved state).
+ORPHAN_SWEEP_S = 60.0
 # How old an allocation never marked as ours must be before it is taken for abandoned: the
 # scheduler marks its own within milliseconds of the allocation.
 UNCONFIRMED_GRACE_S = 60.0
@@ -122,6 +128,9 @@ class WorkloadSync:
     async def reconcile(self, key: str) -> Result:
         if key.startswith(REVIVED_PREFIX):
             return await self.revived(int(key.removeprefix(REVIVED_PREFIX)))
+        if key == ORPHANS_KEY:
+            await self.cancel_orphans()
+            return DONE
         if key.startswith(UNCONFIRMED_PREFIX):
             return await self.abandoned_allocation(int(key.removeprefix(UNCONFIRMED_PREFIX)))
         pod = self.pods.store.get(key)
@@ -343,8 +352,11 @@ class WorkloadSync:
     # ------------------------------------------------------------ start-up
 
     async def cancel_orphans(self) -> int:
-        """Cancel live jobs of ours whose pods are all gone (one full read of the job list,
-        at start only). Returns how many were cancelled."""
+        """Cancel live jobs of ours whose pods are all gone or ended (one full read of the
+        job list): at start, and (`ORPHANS_KEY`) at most every ORPHAN_SWEEP_S after
+        slurmctld returned the node list, which it does after a restart: a job cancelled
+        before a kill -9 may be back, its pods ended long ago and no process following it.
+        Returns how many were cancelled."""
         jobs, _ = await self.slurm.client.list_jobs()
         cancelled = 0
         for job in jobs or []:
@@ -356,16 +368,21 @@ class WorkloadSync:
             comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
             if comment is None or not comment.made_by(self.config):
                 continue
-            if [key for key, uid in comment.pods.items() if await self.exists(key, uid)]:
+            if [key for key, uid in comment.pods.items() if await self.holds(key, uid)]:
                 continue
             await self.slurm.client.cancel_job(job.job_id)
-            log.info("job %d: cancelled: its pods %s are gone", job.job_id, list(comment.pods))
+            self.watch.follow_cancelled(job.job_id)
+            log.info(
+                "job %d: cancelled: its pods %s are gone or ended", job.job_id, list(comment.pods)
+            )
             cancelled += 1
         return cancelled
 
-    async def exists(self, key: str, uid: str) -> bool:
-        """Whether the pod (that very one, when the UID is known) exists."""
-        return await self.live_pod(key, uid) is not None
+    async def holds(self, key: str, uid: str) -> bool:
+        """Whether the pod (that very one, when the UID is known) exists and has not ended:
+        it may still need its job."""
+        pod = await self.live_pod(key, uid)
+        return pod is not None and not podcontrol.is_terminal(pod)
 
     async def live_pod(self, key: str, uid: str) -> JSON | None:
         """The pod (that very one, when the UID is known), or None; asks the apiserver when
