@@ -276,7 +276,7 @@ async def test_deleting_a_cluster_stops_its_client_and_informer(
     )
     await wait_reason(kube, namespace, "gone", "Connected")
     series = (
-        f'slinky_slurm_client_info{{namespace="{namespace}",cluster="gone",'
+        f'slinky_slurm_client_info{{cluster="gone",namespace="{namespace}",'
         f'server="{testbed.slurm_rest_url}"}}'
     )
     assert operator.metric(series) == 1
