@@ -470,18 +470,12 @@ async def test_a_member_deleted_after_slurm_allocated_its_group_leaves_no_pod_bo
         assert (await job_ended(env, job_id, timeout=60)).state == ["CANCELLED"]
         await pod_gone(env, f"{group}-0", ns, timeout=60)
 
-        async def wait_again() -> list[JSON] | None:
-            pods = await labelled(env, ns, selector)
-            for p in pods:
-                assert not p["spec"].get("nodeName"), p["metadata"]["name"]
-            ok = len(pods) == n - 1 and all(
-                SLURM_JOBID not in (p["metadata"].get("labels") or {})
-                and reason(p) == "WaitingForGroup"
-                for p in pods
-            )
-            return pods if ok else None
-
-        await wait_for(wait_again, timeout=60, what="the other members wait for a whole group")
+        # No member was ever bound. (What happens to the others next depends on which of
+        # two paths cancelled first: the scheduler's, which unlabels them to wait for a whole
+        # group again, or the workload controller's for the deleted pod, after which they
+        # go with the ended job; both are safe and not judged here.)
+        for p in await labelled(env, ns, selector):
+            assert not p["spec"].get("nodeName"), p["metadata"]["name"]
     finally:
         with contextlib.suppress(Exception):
             await env.slurm.cancel_job(busy)
