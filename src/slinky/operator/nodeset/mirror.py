@@ -166,6 +166,12 @@ def unregistered(view: View) -> list[JSON]:
     return out
 
 
+def idle_unresponsive(node: Node) -> bool:
+    """IDLE (no job, none completing) and NOT_RESPONDING."""
+    s = node.state
+    return s.has("NOT_RESPONDING") and s.base == "IDLE" and not s.has("COMPLETING")
+
+
 def unreachable(view: View) -> list[JSON]:
     """Active Ready pods whose own Slurm node has been IDLE and NOT_RESPONDING for over
     REGISTRATION_DEADLINE_S (the mirrored condition's transition time), by a view polled
@@ -178,10 +184,9 @@ def unreachable(view: View) -> list[JSON]:
     now = dt.datetime.now(dt.UTC)
     out = []
     for pod, node in view.pods_with_nodes():
-        s = node.state
         if pods.condemned(pod) is not None or pods.ready_since(pod) is None:
             continue
-        if not s.has("NOT_RESPONDING") or s.base != "IDLE" or s.has("COMPLETING"):
+        if not idle_unresponsive(node):
             continue
         cond = conditions.find(
             (pod.get("status") or {}).get("conditions"), "SlurmNodeStateNotResponding"

@@ -57,6 +57,13 @@ RESPONDING = "SlurmNodesResponding"
 BY_HPA_TARGET = "hpa-target"
 
 
+def cleared(view: View, ctype: str, reason: str, message: str) -> None:
+    """A problem condition of the NodeSet that is over: set True, but only where it was
+    written before (a NodeSet that never had the problem does not carry the condition)."""
+    if conditions.find((view.obj.get("status") or {}).get("conditions"), ctype) is not None:
+        view.conditions.append((ctype, True, reason, message))
+
+
 def hpa_target(hpa: JSON) -> list[str]:
     """`namespace/name` of the NodeSet an HPA scales, if it scales one."""
     ref = (hpa.get("spec") or {}).get("scaleTargetRef") or {}
@@ -332,13 +339,9 @@ class NodeSetSync:
         known = view.conn.informer.nodes if view.conn is not None else {}
         if any(pods.name(p) in known for p in view.active.values()):
             self.registered_once.add(uid)
-        had = conditions.find((view.obj.get("status") or {}).get("conditions"), REGISTERED)
         if not lost:
             self.replacing.pop(uid, None)
-            if had is not None:
-                view.conditions.append(
-                    (REGISTERED, True, "Registered", "every Ready pod is a Slurm node")
-                )
+            cleared(view, REGISTERED, "Registered", "every Ready pod is a Slurm node")
             return
         ordered = sorted(pods.name(p) for p in lost)
         names = ", ".join(ordered[:10]) + (
@@ -390,13 +393,9 @@ class NodeSetSync:
         jobs is left to Slurm (SlurmdTimeout)."""
         uid = str(view.obj["metadata"]["uid"])
         stuck = mirror.unreachable(view)
-        had = conditions.find((view.obj.get("status") or {}).get("conditions"), RESPONDING)
         if not stuck:
             self.rescuing.pop(uid, None)
-            if had is not None:
-                view.conditions.append(
-                    (RESPONDING, True, "Responding", "every Ready pod's Slurm node responds")
-                )
+            cleared(view, RESPONDING, "Responding", "every Ready pod's Slurm node responds")
             return
         names = ", ".join(sorted(pods.name(p) for p in stuck))
         view.conditions.append(
@@ -419,13 +418,7 @@ class NodeSetSync:
                 node = await view.conn.client.get_node(name)
             except errors.SlurmError:
                 continue
-            s = node.state
-            if (
-                not s.has("NOT_RESPONDING")
-                or s.base != "IDLE"
-                or s.has("COMPLETING")
-                or not belongs_to(node, view.namespace, name)
-            ):
+            if not mirror.idle_unresponsive(node) or not belongs_to(node, view.namespace, name):
                 continue
             if await self.ctx.podcontrol.delete_pod(view.exp_key, pod):
                 self.ctx.recorder.event(
@@ -449,7 +442,6 @@ class NodeSetSync:
         instead of the queue growing while nothing happens."""
         if self.hpas is None:
             return
-        had = conditions.find((view.obj.get("status") or {}).get("conditions"), AUTOSCALING)
         stuck = []
         if view.spec.replicas == 0:
             for hpa in self.hpas.by_index(BY_HPA_TARGET, view.key):
@@ -477,8 +469,8 @@ class NodeSetSync:
                     f"{how}set the NodeSet's replicas to 1 once, the HPA takes it from there",
                 )
             )
-        elif had is not None:
-            view.conditions.append((AUTOSCALING, True, "Scalable", "no autoscaler is stuck"))
+        else:
+            cleared(view, AUTOSCALING, "Scalable", "no autoscaler is stuck")
 
     # ------------------------------------------------------------ 4. scale out
 
