@@ -15,17 +15,11 @@ import argparse
 import asyncio
 import dataclasses
 import logging
-import os
-import signal
-import socket
-import sys
-import uuid
 from collections.abc import Callable
-from pathlib import Path
 
 import httpx2
 
-from slinky import __version__
+from slinky import __version__, process
 from slinky.background import Backoff
 from slinky.bridge.admission.component import AdmissionComponent
 from slinky.bridge.config import BridgeConfig, ConfigError, load_config
@@ -34,14 +28,10 @@ from slinky.bridge.nodes.component import NodeComponent
 from slinky.bridge.runtime import Component, Context
 from slinky.bridge.scheduler.component import SchedulerComponent
 from slinky.bridge.workload.component import WorkloadComponent
-from slinky.kube import flags, logs, rest, serving
-from slinky.kube.leader import LeaderElector, LeadershipLost
-from slinky.kube.serving import ProbeServer
+from slinky.kube import flags, rest
 
 log = logging.getLogger("slurm-bridge")
 CLUSTER_ID_WAIT_S = 60.0
-
-SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 # The components this process can run, by name, in start-up order.
 COMPONENTS: dict[str, Callable[[Context], Component]] = {
@@ -65,7 +55,13 @@ def _components(text: str) -> list[str]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="slurm-bridge", description="Slurm on Kubernetes: bridge")
+    p = process.parser("slurm-bridge", "Slurm on Kubernetes: bridge")
+    process.add_common_flags(
+        p,
+        leader_elect_help="elect a leader per component on a Lease so one replica of each acts",
+        lease_id="slurm-bridge",
+        lease_id_help="prefix of the Lease names (<id>-<component>)",
+    )
     p.add_argument("--config", default=None, help="the bridge's YAML config file")
     p.add_argument(
         "--components",
@@ -74,33 +70,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"comma-separated components to run: all (default), {', '.join(COMPONENTS)}",
     )
     p.add_argument(
-        "--kubeconfig",
-        default=os.environ.get("KUBECONFIG"),
-        help="kubeconfig file (default $KUBECONFIG, else in-cluster)",
-    )
-    p.add_argument(
         "--namespace",
         default=None,
         help="the bridge's own namespace: never managed, holds the Leases "
         "(default: the pod's namespace, else default)",
     )
-    flags.add_bool(
-        p,
-        "--leader-elect",
-        default=True,
-        help="elect a leader per component on a Lease so one replica of each acts",
-    )
-    p.add_argument(
-        "--leader-election-id",
-        default="slurm-bridge",
-        help="prefix of the Lease names (<id>-<component>)",
-    )
-    flags.add_duration(p, "--leader-election-lease-duration", default="15s")
-    flags.add_duration(p, "--leader-election-renew-deadline", default="10s")
-    flags.add_duration(p, "--leader-election-retry-period", default="2s")
-    p.add_argument("--metrics-bind-address", default=":8080", help='"0" disables')
-    serving.add_metrics_flags(p)
-    p.add_argument("--health-probe-bind-address", default=":8081", help='"0" disables')
     p.add_argument("--webhook-bind-address", default=":9443", help="the webhook's HTTPS address")
     p.add_argument(
         "--webhook-cert-path",
@@ -140,27 +114,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "Slurm purges them) are looked at when nothing suggests they changed: all in one "
         "request",
     )
-    flags.add_duration(
-        p,
-        "--graceful-shutdown-timeout",
-        default="25s",
-        help="how long SIGTERM waits for running work before giving up",
-    )
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--log-format", default="text", choices=["text", "json"])
-    p.add_argument("--version", action="version", version=f"slurm-bridge {__version__}")
     args = p.parse_args(argv)
-    serving.check_metrics_flags(p, args)
+    process.check_common_flags(p, args)
     return args
-
-
-def own_namespace(args: argparse.Namespace) -> str:
-    """The bridge's own namespace: the flag, else the pod's service-account namespace."""
-    if args.namespace:
-        return str(args.namespace)
-    if SA_NAMESPACE_FILE.exists():
-        return SA_NAMESPACE_FILE.read_text().strip()
-    return "default"
 
 
 async def cluster_id(kube: rest.Kube, config: BridgeConfig) -> str:
@@ -198,13 +154,11 @@ class Bridge:
             kube=self.kube,
             config=config,
             args=args,
-            identity=f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
-            namespace=own_namespace(args),
+            identity=process.identity(),
+            namespace=process.pod_namespace(args.namespace),
         )
         self.components = [COMPONENTS[name](self.ctx) for name in args.components]
-        tls, access = serving.metrics_protection(args, kube)
-        self.server = ProbeServer(metrics_tls=tls, metrics_access=access)
-        self.server.add_health_check("ping", lambda: True)
+        self.server = process.probe_server(args, kube)
         for component in self.components:
             component.add_checks(self.server)
 
@@ -225,19 +179,18 @@ class Bridge:
             raise
 
     async def _run_component(self, component: Component, stop: asyncio.Event) -> None:
-        if not (component.leader_elected and self.args.leader_elect):
+        if not component.leader_elected:
             await component.run(stop)
             return
-        elector = LeaderElector(
+        await process.lead(
             self.kube,
+            self.args,
             name=f"{self.args.leader_election_id}-{component.name}",
             namespace=self.ctx.namespace,
             identity=self.ctx.identity,
-            lease_duration=float(self.args.leader_election_lease_duration),
-            renew_deadline=float(self.args.leader_election_renew_deadline),
-            retry_period=float(self.args.leader_election_retry_period),
+            work=component.run,
+            stop=stop,
         )
-        await elector.run(component.run, stop)
 
     async def _run_all(self, stop: asyncio.Event) -> None:
         """Every component; if one fails, the others are stopped too."""
@@ -253,15 +206,6 @@ class Bridge:
             stop.set()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    def _report_stuck(self, grace: float) -> None:
-        log.error("shutdown did not finish within %.0fs; pending tasks:", grace)
-        for task in asyncio.all_tasks():
-            if task is asyncio.current_task():
-                continue
-            frames = task.get_stack(limit=3)
-            where = " <- ".join(f"{f.f_code.co_filename}:{f.f_lineno}" for f in frames)
-            log.error("  %s: %s", task.get_name(), where or "(no frame)")
-
     async def run(self, stop: asyncio.Event) -> int:
         await self.server.start(
             metrics_addr=self.args.metrics_bind_address,
@@ -275,23 +219,11 @@ class Bridge:
             self.ctx.config.scheduler_name,
             self.ctx.config.cluster_id,
         )
-        code = 0
         work = asyncio.create_task(self._run_all(stop), name="bridge")
         try:
-            stopping = asyncio.create_task(stop.wait())
-            await asyncio.wait([work, stopping], return_when=asyncio.FIRST_COMPLETED)
-            stopping.cancel()
-            grace = float(self.args.graceful_shutdown_timeout)
-            done, _ = await asyncio.wait([work], timeout=grace)
-            if not done:
-                self._report_stuck(grace)
-                work.cancel()
-                code = 3
-            else:
-                work.result()
-        except LeadershipLost:
-            log.error("lost leadership; exiting so a restart starts clean")
-            code = 1
+            code = await process.until_stopped(
+                work, stop, float(self.args.graceful_shutdown_timeout)
+            )
         finally:
             await self.server.stop()
             await self.kube.close()
@@ -299,26 +231,20 @@ class Bridge:
         return code
 
 
-async def amain(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    logs.setup(args.log_level, args.log_format)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+async def start(args: argparse.Namespace, stop: asyncio.Event) -> int:
     try:
         bridge = await Bridge.create(args)
     except ConfigError as e:
         log.error("invalid config %s: %s", args.config, e)
-        return 2
+        return process.CANNOT_START
     except (OSError, ValueError) as e:
         log.error("cannot start: %s", e)
-        return 2
+        return process.CANNOT_START
     return await bridge.run(stop)
 
 
 def main() -> None:
-    sys.exit(asyncio.run(amain()))
+    process.main(parse_args, start)
 
 
 if __name__ == "__main__":

@@ -10,21 +10,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
-import signal
-import socket
-import sys
-import uuid
 from pathlib import Path
 
 from prometheus_client import REGISTRY
 
-from slinky import __version__
-from slinky.kube import events, flags, logs, rest, serving
+from slinky import __version__, process
+from slinky.kube import events, flags, rest
 from slinky.kube.controller import Controller, run_all
 from slinky.kube.informer import InformerFactory, InformerObjects
-from slinky.kube.leader import LeaderElector, LeadershipLost
-from slinky.kube.serving import ProbeServer
 from slinky.operator.autoscale import extapi
 from slinky.operator.autoscale.metrics import Gauges, SlurmMetrics
 from slinky.operator.clients import ClusterClients
@@ -35,15 +28,14 @@ from slinky.operator.resources import NODESETS
 
 log = logging.getLogger("slurm-operator")
 
-SA_NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="slurm-operator", description="Slurm on Kubernetes: operator")
-    p.add_argument(
-        "--kubeconfig",
-        default=os.environ.get("KUBECONFIG"),
-        help="kubeconfig file (default $KUBECONFIG, else in-cluster)",
+    p = process.parser("slurm-operator", "Slurm on Kubernetes: operator")
+    process.add_common_flags(
+        p,
+        leader_elect_help="elect a leader on a Lease so only one replica acts",
+        lease_id="slurm-operator.slinky.slurm.net",
+        lease_id_help="name of the Lease",
     )
     p.add_argument(
         "--namespace",
@@ -51,24 +43,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[],
         help="namespace to watch (repeatable; default all)",
     )
-    flags.add_bool(
-        p,
-        "--leader-elect",
-        default=True,
-        help="elect a leader on a Lease so only one replica acts",
-    )
     p.add_argument(
         "--leader-election-namespace",
         default=None,
         help="namespace of the Lease (default: the pod's namespace, else default)",
     )
-    p.add_argument("--leader-election-id", default="slurm-operator.slinky.slurm.net")
-    flags.add_duration(p, "--leader-election-lease-duration", default="15s")
-    flags.add_duration(p, "--leader-election-renew-deadline", default="10s")
-    flags.add_duration(p, "--leader-election-retry-period", default="2s")
-    p.add_argument("--metrics-bind-address", default=":8080", help='"0" disables')
-    serving.add_metrics_flags(p)
-    p.add_argument("--health-probe-bind-address", default=":8081", help='"0" disables')
     p.add_argument("--cluster-workers", type=int, default=1)
     p.add_argument("--nodeset-workers", type=int, default=4)
     flags.add_duration(
@@ -100,12 +79,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "are always exported (for Prometheus-based autoscalers); otherwise jobs are polled "
         "only when the external metrics API is asked",
     )
-    flags.add_duration(
-        p,
-        "--graceful-shutdown-timeout",
-        default="25s",
-        help="how long SIGTERM waits for running reconciles before giving up",
-    )
     p.add_argument(
         "--metrics-api-bind-address",
         default="0",
@@ -126,20 +99,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="comma-separated client certificate names accepted (default: the ConfigMap's "
         "requestheader-allowed-names; empty there means any name signed by the CA)",
     )
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.add_argument("--log-format", default="text", choices=["text", "json"])
-    p.add_argument("--version", action="version", version=f"slurm-operator {__version__}")
     args = p.parse_args(argv)
-    serving.check_metrics_flags(p, args)
+    process.check_common_flags(p, args)
     return args
-
-
-def lease_namespace(args: argparse.Namespace) -> str:
-    if args.leader_election_namespace:
-        return str(args.leader_election_namespace)
-    if SA_NAMESPACE_FILE.exists():
-        return SA_NAMESPACE_FILE.read_text().strip()
-    return "default"
 
 
 class Operator:
@@ -148,14 +110,13 @@ class Operator:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.kube = rest.Kube.from_kubeconfig(args.kubeconfig)
-        self.identity = f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+        self.identity = process.identity()
         self.factory = InformerFactory(self.kube, namespaces=args.namespace or None)
         self.clients = ClusterClients(watch_jobs=self.args.slurm_watch_jobs)
         self.recorder = events.EventRecorder(
             self.kube, controller="slinky.slurm.net/slurm-operator", instance=self.identity
         )
-        tls, access = serving.metrics_protection(args, self.kube)
-        self.server = ProbeServer(metrics_tls=tls, metrics_access=access)
+        self.server = process.probe_server(args, self.kube)
         self.controllers: list[Controller] = []
         self.leading = False
         self.metrics = SlurmMetrics(self.clients)
@@ -206,7 +167,6 @@ class Operator:
                 ),
                 allowed_names=[n for n in self.args.metrics_api_allowed_names.split(",") if n],
             )
-        self.server.add_health_check("ping", lambda: True)
         self.server.add_health_check("loops", self.loops_healthy)
         # Not the Lease: every replica syncs its caches and is ready, so a rolling update of
         # a two-replica Deployment proceeds while only one of them leads.
@@ -232,31 +192,6 @@ class Operator:
             if stop.is_set():
                 await self.recorder.flush()
 
-    async def _elect_and_lead(self, stop: asyncio.Event) -> None:
-        if not self.args.leader_elect:
-            await self.lead(stop)
-            return
-        elector = LeaderElector(
-            self.kube,
-            name=self.args.leader_election_id,
-            namespace=lease_namespace(self.args),
-            identity=self.identity,
-            lease_duration=float(self.args.leader_election_lease_duration),
-            renew_deadline=float(self.args.leader_election_renew_deadline),
-            retry_period=float(self.args.leader_election_retry_period),
-        )
-        await elector.run(self.lead, stop)
-
-    def _report_stuck(self, grace: float) -> None:
-        """Shutdown overran its grace period: say what is still running, then give up."""
-        log.error("shutdown did not finish within %.0fs; pending tasks:", grace)
-        for task in asyncio.all_tasks():
-            if task is asyncio.current_task():
-                continue
-            frames = task.get_stack(limit=3)
-            where = " <- ".join(f"{f.f_code.co_filename}:{f.f_lineno}" for f in frames)
-            log.error("  %s: %s", task.get_name(), where or "(no frame)")
-
     async def run(self, stop: asyncio.Event) -> int:
         self.build()
         await self.server.start(
@@ -271,24 +206,23 @@ class Operator:
         )
         if self.metrics_api is not None:
             await self.metrics_api.start_serving(self.args.metrics_api_bind_address)
-        code = 0
         self.factory.start()  # caches run on every replica, leader or not
-        work = asyncio.create_task(self._elect_and_lead(stop), name="operator")
+        work = asyncio.create_task(
+            process.lead(
+                self.kube,
+                self.args,
+                name=self.args.leader_election_id,
+                namespace=process.pod_namespace(self.args.leader_election_namespace),
+                identity=self.identity,
+                work=self.lead,
+                stop=stop,
+            ),
+            name="operator",
+        )
         try:
-            stopping = asyncio.create_task(stop.wait())
-            await asyncio.wait([work, stopping], return_when=asyncio.FIRST_COMPLETED)
-            stopping.cancel()
-            grace = float(self.args.graceful_shutdown_timeout)
-            done, _ = await asyncio.wait([work], timeout=grace)
-            if not done:
-                self._report_stuck(grace)
-                work.cancel()
-                code = 3
-            else:
-                work.result()  # re-raises what the operator died of
-        except LeadershipLost:
-            log.error("lost leadership; exiting so a restart starts clean")
-            code = 1
+            code = await process.until_stopped(
+                work, stop, float(self.args.graceful_shutdown_timeout)
+            )
         finally:
             await self.factory.stop()
             if self.metrics_api is not None:
@@ -301,23 +235,17 @@ class Operator:
         return code
 
 
-async def amain(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    logs.setup(args.log_level, args.log_format)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+async def start(args: argparse.Namespace, stop: asyncio.Event) -> int:
     try:
         op = Operator(args)
     except (OSError, ValueError) as e:
         log.error("cannot start: %s", e)
-        return 2
+        return process.CANNOT_START
     return await op.run(stop)
 
 
 def main() -> None:
-    sys.exit(asyncio.run(amain()))
+    process.main(parse_args, start)
 
 
 if __name__ == "__main__":

@@ -11,15 +11,11 @@ import logging
 from slinky.bridge.connection import SlurmConnection
 from slinky.bridge.labels import REASON_PREFIX
 from slinky.bridge.nodes.registration import Registration, registered_for
+from slinky.slurm import drain as shared
 from slinky.slurm import errors
 from slinky.slurm.models import Node
 
 log = logging.getLogger(__name__)
-
-
-def is_bridge_reason(reason: str) -> bool:
-    """A drain reason the bridge wrote (only those does it undo)."""
-    return reason.startswith(REASON_PREFIX)
 
 
 def cached(conn: SlurmConnection, name: str) -> Node | None:
@@ -36,38 +32,14 @@ async def live(conn: SlurmConnection, name: str) -> Node | None:
 
 
 async def drain(conn: SlurmConnection, name: str, reason: str) -> bool:
-    """Drain unless already drained (whoever drained it keeps their reason). Decided on the
-    live node: the cache may not show an admin's drain of a moment ago. True when a drain
-    was requested now."""
-    cached_node = cached(conn, name)
-    if cached_node is not None and cached_node.state.is_drain:
-        return False
-    node = await live(conn, name)
-    if node is None or node.state.is_drain:
-        return False
-    try:
-        await conn.client.drain_node(name, reason)
-    except errors.SlurmNotFound:
-        return False
-    conn.informer.poke()
-    return True
+    """Drain unless already drained (whoever drained it keeps their reason): the shared rule
+    of `slinky.slurm.drain`. True when a drain was requested now."""
+    return await shared.drain(conn, name, reason)
 
 
 async def undrain(conn: SlurmConnection, name: str) -> bool:
-    """Undo a drain the bridge made; an admin's drain is never touched (checked on the live
-    node, in case an admin re-drained it since the cache was filled)."""
-    cached_node = cached(conn, name)
-    if cached_node is None or not cached_node.state.is_drain:
-        return False
-    node = await live(conn, name)
-    if node is None or not node.state.is_drain or not is_bridge_reason(node.reason):
-        return False
-    try:
-        await conn.client.undrain_node(name)
-    except errors.SlurmNotFound:
-        return False
-    conn.informer.poke()
-    return True
+    """Undo a drain the bridge made (reason `slurm-bridge: ...`); an admin's is kept."""
+    return await shared.undrain(conn, name, prefix=REASON_PREFIX)
 
 
 async def is_drained(conn: SlurmConnection, name: str) -> bool | None:
