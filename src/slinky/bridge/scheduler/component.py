@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import logging
 
-from slinky.bridge.jobcomponent import JobComponent
 from slinky.bridge.runtime import Context
 from slinky.bridge.scheduler import controller
+from slinky.bridge.slurmcomponent import SlurmComponent
 
 log = logging.getLogger(__name__)
 
 
-class SchedulerComponent(JobComponent):
+class SchedulerComponent(SlurmComponent):
     name = "scheduler"
     needs_slurm = "scheduler"
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import logging
 
-from slinky.bridge.jobcomponent import JobComponent
 from slinky.bridge.runtime import Context
+from slinky.bridge.slurmcomponent import SlurmComponent
 from slinky.bridge.workload import controller
 
 log = logging.getLogger(__name__)
 
 
-class WorkloadComponent(JobComponent):
+class WorkloadComponent(SlurmComponent):
     name = "workload"
     needs_slurm = "workload controller"
 

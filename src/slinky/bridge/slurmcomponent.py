@@ -1,6 +1,8 @@
-"""What the scheduler and the workload controller share as bridge components: leader-elected,
-their own informers and Slurm connection, and one start-up step against Slurm, retried with
-backoff, once the caches are filled and before the controller's first reconcile."""
+"""What the bridge's controllers (nodes, scheduler, workload) share as components:
+leader-elected, their own informers, Slurm connection and event recorder, ready when their
+caches are (a standby replica is ready at once: it serves its other components and waits for
+the Lease), and an optional start-up step against Slurm, retried with backoff, once the caches
+are filled and before the controller's first reconcile."""
 
 from __future__ import annotations
 
@@ -19,15 +21,16 @@ from slinky.slurm.errors import SlurmError
 log = logging.getLogger(__name__)
 
 
-class JobComponent:
-    """Subclasses set `name`, build `controller` and `watch` from `factory`, `slurm` and
-    `recorder`, and say what `startup` does."""
+class SlurmComponent:
+    """Subclasses set `name` and `needs_slurm`, build `controller` (and a `watch` of Slurm
+    jobs, if they follow any) from `factory`, `slurm` and `recorder`, and may say what
+    `startup` does."""
 
     name = ""
     leader_elected = True
     needs_slurm = ""  # who needs it, for the error naming a missing Slurm setting
     controller: Controller
-    watch: JobWatch
+    watch: JobWatch | None = None
 
     def __init__(self, ctx: Context) -> None:
         self.slurm = ctx.slurm(self.needs_slurm)
@@ -59,11 +62,13 @@ class JobComponent:
             ready.cancel()
             stopping.cancel()
             if not stop.is_set():
-                self.watch.start()
+                if self.watch is not None:
+                    self.watch.start()
                 await self.controller.run(stop)
         finally:
             self.leading = False
-            await self.watch.stop()
+            if self.watch is not None:
+                await self.watch.stop()
             await self.factory.stop()
             await self.slurm.close()
             await self.recorder.flush()
