@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import ssl
@@ -30,6 +31,22 @@ import jwt
 import yaml
 
 from slinky_testbed import nodes, paths, pki, procs, slurmconf
+
+# Slurm's user and admin commands a shell on the test bed gets (see `Testbed.commands`).
+SLURM_COMMANDS = (
+    "sinfo",
+    "squeue",
+    "sbatch",
+    "srun",
+    "salloc",
+    "scancel",
+    "scontrol",
+    "sacct",
+    "sprio",
+    "sdiag",
+    "sshare",
+    "sstat",
+)
 
 # minReplicas: 0 on a HorizontalPodAutoscaler (issue 13); Kubernetes' own workload-aware
 # scheduling objects, scheduling.k8s.io/v1alpha2 PodGroup/Workload (issue 14: slurm-bridge
@@ -158,6 +175,28 @@ class Testbed:
             "SLINKY_ETCD_URL": f"http://127.0.0.1:{state.ports['etcd']}",
             "SLINKY_SERVICE_ADDRESS": self.service_address,
         }
+
+    def commands(self) -> Path:
+        """A directory of commands for a shell on this test bed (`slinky testbed env` puts it
+        first on PATH): kubectl and helm (on the test bed's kubeconfig, from the environment)
+        and Slurm's user commands, each run inside the Slurm root as `slurm` runs them."""
+        bin_dir = self.dir / "bin"
+        bin_dir.mkdir(exist_ok=True)
+        tools = {name: paths.bin_dir() / name for name in ("kubectl", "helm")}
+        scripts = {name: f'exec {shlex.quote(str(path))} "$@"' for name, path in tools.items()}
+        root = shlex.quote(str(self.root))
+        for name in SLURM_COMMANDS:
+            scripts[name] = (
+                "exec env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root "
+                f'chroot {root} {name} "$@"'
+            )
+        for name, line in scripts.items():
+            path = bin_dir / name
+            text = f"#!/bin/sh\n{line}\n"
+            if not path.exists() or path.read_text() != text:
+                path.write_text(text)
+                path.chmod(0o755)
+        return bin_dir
 
     # ---------------------------------------------------------------- up
 

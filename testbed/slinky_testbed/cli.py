@@ -65,6 +65,8 @@ def main(argv: list[str] | None = None) -> None:
         elif args.cmd == "env":
             for k, v in bed.env().items():
                 print(f"export {k}={shlex.quote(v)}")
+            # kubectl, helm, sinfo, squeue, sbatch, ... on this test bed, first on PATH
+            print(f'export PATH={shlex.quote(str(bed.commands()))}:"$PATH"')
         elif args.cmd == "slurm":
             if not args.argv:
                 p.error("slurm: give a command, e.g. `slinky testbed slurm sinfo`")

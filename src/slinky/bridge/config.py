@@ -214,17 +214,16 @@ def _selector(value: Any, key: str) -> LabelSelector:
         raise ConfigError(f"{key}.{e.path}" if e.path else key, e.problem) from None
 
 
+_SLURM_AUTH_KEYS: dict[str, Callable[[Any, str], Any]] = {
+    "tokenFile": _file,
+    "jwtKeyFile": _file,
+    "user": lambda v, k: _string(v, k, _SLURM_NAME, "a Slurm user name"),
+    "tokenLifetime": lambda v, k: _duration(v, k, 10.0),
+}
+
+
 def _slurm_auth(value: Any, key: str) -> SlurmAuth:
-    parts = _mapping(
-        value,
-        key,
-        {
-            "tokenFile": _file,
-            "jwtKeyFile": _file,
-            "user": lambda v, k: _string(v, k, _SLURM_NAME, "a Slurm user name"),
-            "tokenLifetime": lambda v, k: _duration(v, k, 10.0),
-        },
-    )
+    parts = _mapping(value, key, _SLURM_AUTH_KEYS)
     if ("tokenFile" in parts) == ("jwtKeyFile" in parts):
         raise ConfigError(key, "set exactly one of tokenFile and jwtKeyFile")
     if "tokenLifetime" in parts and "jwtKeyFile" not in parts:
@@ -237,22 +236,17 @@ def _slurm_auth(value: Any, key: str) -> SlurmAuth:
     )
 
 
-def _taint(value: Any, key: str) -> NodeTaint:
-    parts = _mapping(
-        value,
-        key,
-        {
-            "enabled": _bool,
-            "effect": _effect,
-        },
-    )
-    return NodeTaint(**parts)
-
-
 def _effect(value: Any, key: str) -> str:
     if value not in TAINT_EFFECTS:
         raise ConfigError(key, f"must be one of {', '.join(TAINT_EFFECTS)}, got {_show(value)}")
     return str(value)
+
+
+_TAINT_KEYS: dict[str, Callable[[Any, str], Any]] = {"enabled": _bool, "effect": _effect}
+
+
+def _taint(value: Any, key: str) -> NodeTaint:
+    return NodeTaint(**_mapping(value, key, _TAINT_KEYS))
 
 
 def _names(value: Any, key: str, what: str) -> tuple[str, ...]:
@@ -355,6 +349,17 @@ _TOP: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     ),
     "policy": ("policy", _policy),
 }
+
+
+def all_keys() -> list[str]:
+    """Every key the config file takes, dotted (`policy.namespaces.<ns>.serviceAccounts.<sa>.users`
+    is listed once as `policy.<rule>.users`): what docs/bridge.md must document."""
+    keys = list(_TOP)
+    keys += [f"slurmAuth.{k}" for k in _SLURM_AUTH_KEYS]
+    keys += [f"managedNodeTaint.{k}" for k in _TAINT_KEYS]
+    keys += ["policy.default", "policy.namespaces", "policy.namespaces.<ns>.serviceAccounts"]
+    keys += [f"policy.<rule>.{k}" for k in _RULE_KEYS]
+    return keys
 
 
 def parse_config(data: Any, *, environ: dict[str, str] | None = None) -> BridgeConfig:

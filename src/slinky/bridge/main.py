@@ -54,7 +54,8 @@ def _components(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """Every flag (docs/bridge.md lists them all; a unit test checks)."""
     p = process.parser("slurm-bridge", "Slurm on Kubernetes: bridge")
     process.add_common_flags(
         p,
@@ -114,6 +115,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "Slurm purges them) are looked at when nothing suggests they changed: all in one "
         "request",
     )
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     process.check_common_flags(p, args)
     return args

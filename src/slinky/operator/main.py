@@ -29,7 +29,8 @@ from slinky.operator.resources import NODESETS
 log = logging.getLogger("slurm-operator")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """Every flag (docs/operator.md lists them all; a unit test checks)."""
     p = process.parser("slurm-operator", "Slurm on Kubernetes: operator")
     process.add_common_flags(
         p,
@@ -99,6 +100,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="comma-separated client certificate names accepted (default: the ConfigMap's "
         "requestheader-allowed-names; empty there means any name signed by the CA)",
     )
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     process.check_common_flags(p, args)
     return args
