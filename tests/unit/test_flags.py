@@ -59,3 +59,15 @@ def test_bad_durations_are_rejected(text: str) -> None:
 def test_default_duration_is_parsed_too() -> None:
     assert parser().parse_args([]).period == 2.0
     assert parser().parse_args(["--period=1m"]).period == 60.0
+
+
+def test_uninstall_timeout_takes_a_go_duration_and_a_bad_kubeconfig_is_a_clear_exit_2(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from slinky.bridge import uninstall as bridge_uninstall
+    from slinky.operator import uninstall as operator_uninstall
+
+    assert operator_uninstall.main(["--timeout=1h", "--kubeconfig=/nonexistent"]) == 2
+    assert bridge_uninstall.main(["--kubeconfig=/nonexistent"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("cannot start: kubeconfig: Configuration file /nonexistent not found") == 2

@@ -161,7 +161,11 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             await kube.close()
 
-    asyncio.run(go())
+    try:
+        asyncio.run(go())
+    except ValueError as e:
+        print(f"cannot start: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

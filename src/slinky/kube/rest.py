@@ -17,6 +17,7 @@ from typing import Any
 import httpx2
 from lightkube.config import client_adapter
 from lightkube.config.kubeconfig import KubeConfig, SingleConfig
+from lightkube.core import exceptions as lightkube_errors
 from prometheus_client import Counter
 
 from slinky.types import JSON
@@ -124,7 +125,10 @@ class Kube:
     @classmethod
     def from_kubeconfig(cls, path: str | Path | None = None, *, timeout: float = 30.0) -> Kube:
         """From a kubeconfig file, else $KUBECONFIG / in-cluster service account."""
-        config = (KubeConfig.from_file(path) if path else KubeConfig.from_env()).get()
+        try:
+            config = (KubeConfig.from_file(path) if path else KubeConfig.from_env()).get()
+        except lightkube_errors.ConfigError as e:
+            raise ValueError(f"kubeconfig: {e}") from None
         if config is None:
             raise ValueError(f"kubeconfig {path or '$KUBECONFIG'} has no current context")
         params = client_adapter.ConnectionParams(timeout=httpx2.Timeout(timeout), trust_env=False)

@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Any
 
-from slinky.kube import rest
+from slinky.kube import flags, rest
 from slinky.operator.resources import CLUSTERS, FINALIZER, NODESETS
 
 
@@ -77,7 +77,7 @@ async def run(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m slinky.operator.uninstall", description=__doc__)
-    p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait")
+    flags.add_duration(p, "--timeout", default="1h", help="how long to wait (Go syntax: 90s, 1h)")
     p.add_argument("--kubeconfig", default=None)
     args = p.parse_args(argv)
 
@@ -88,7 +88,11 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             await kube.close()
 
-    return asyncio.run(go())
+    try:
+        return asyncio.run(go())
+    except ValueError as e:
+        print(f"cannot start: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
