@@ -152,3 +152,31 @@ def test_label_selectors_are_equality_terms() -> None:
     for bad in ("partition!=debug", "partition in (a,b)", "partition"):
         with pytest.raises(SelectorError):
             parse_selector(bad)
+
+
+def test_a_nodeset_gauge_reads_the_partition_the_nodeset_has_not_one_named_like_it() -> None:
+    # The slurm chart names NodeSets <release>-compute-<name> and their partitions <name>:
+    # the NodeSet gauges read 0 there while jobs queued in its partition.
+    from slinky.operator.autoscale.metrics import ClusterStats, PartitionStats, nodeset_value
+
+    stats = ClusterStats(
+        polls=1,
+        jobs_known=True,
+        partitions={
+            "gpu": PartitionStats(jobs_pending=3, jobs_pending_nodes=5),
+            "slurm-compute-gpu": PartitionStats(),
+        },
+    )
+
+    def nodeset(name: str, spec_name: str | None, claimed: str | None) -> dict[str, object]:
+        ann = {"nodeset.slinky.slurm.net/partition": claimed} if claimed else {}
+        spec = {"partition": {"enabled": True, **({"name": spec_name} if spec_name else {})}}
+        return {"metadata": {"name": name, "namespace": "ns", "annotations": ann}, "spec": spec}
+
+    for obj in (
+        nodeset("slurm-compute-gpu", "gpu", None),
+        nodeset("slurm-compute-gpu", "gpu", "gpu"),
+        nodeset("gpu", None, None),
+    ):
+        assert nodeset_value(stats, obj, "slurm_nodeset_jobs_pending") == 3
+        assert nodeset_value(stats, obj, "slurm_nodeset_jobs_pending_nodes") == 5

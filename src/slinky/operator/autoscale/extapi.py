@@ -364,7 +364,7 @@ class MetricsAPI(BackgroundLoop):
                 "ServiceUnavailable",
                 f"{metric}: Cluster {ns}/{cluster} of NodeSet {name} has no synced Slurm view",
             )
-        return value_list([item(metric, {"nodeset": name}, nodeset_value(stats, ns, name, metric))])
+        return value_list([item(metric, {"nodeset": name}, nodeset_value(stats, obj, metric))])
 
 
 def item(metric: str, labels: dict[str, str], value: int) -> JSON:

@@ -36,6 +36,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from slinky.operator.clients import ClusterClients
+from slinky.operator.nodeset.partition import ANNOTATION_PARTITION
 from slinky.slurm.informer import SlurmInformer
 from slinky.slurm.models import Job, Node, csv
 from slinky.types import JSON
@@ -210,7 +211,7 @@ class Gauges(Collector):
                 continue
             for m, fam in nset.items():
                 if found.jobs_known or not is_job_metric(m):
-                    fam.add_metric([ns, name], nodeset_value(found, ns, name, m))
+                    fam.add_metric([ns, name], nodeset_value(found, obj, m))
         yield from part.values()
         yield from nset.values()
 
@@ -220,7 +221,18 @@ def is_job_metric(metric: str) -> bool:
     return "_jobs_" in metric
 
 
-def nodeset_value(stats: ClusterStats, namespace: str, nodeset: str, metric: str) -> int:
+def nodeset_partition(obj: JSON) -> str:
+    """The Slurm partition of a NodeSet: the one it claimed (annotation), else
+    `spec.partition.name`, else the NodeSet's own name (as the partition rule names it)."""
+    meta = obj["metadata"]
+    claimed = (meta.get("annotations") or {}).get(ANNOTATION_PARTITION)
+    named = ((obj.get("spec") or {}).get("partition") or {}).get("name")
+    return str(claimed or named or meta["name"])
+
+
+def nodeset_value(stats: ClusterStats, obj: JSON, metric: str) -> int:
+    """A NodeSet's gauge: its idle nodes, or its partition's jobs."""
     if metric.endswith("nodes_idle"):
-        return stats.nodeset_idle.get((namespace, nodeset), 0)
-    return stats.partitions.get(nodeset, PartitionStats()).value(metric)
+        key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+        return stats.nodeset_idle.get(key, 0)
+    return stats.partitions.get(nodeset_partition(obj), PartitionStats()).value(metric)
