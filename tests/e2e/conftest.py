@@ -18,7 +18,6 @@ from tests.e2e.nodeset_fixtures import env
 from tests.e2e.operator_fixtures import crds, operator, operator_session
 from tests.e2e.workers import worker_bed_dir
 
-pytestmark = pytest.mark.e2e
 SERVICE_ACCOUNTS = rest.Resource("", "v1", "serviceaccounts", "ServiceAccount")
 
 E2E_REAL_NODES = 2

@@ -18,6 +18,8 @@ from slinky.kube import rest
 from slinky_testbed.waiting import wait_for
 from tests.e2e.bridge_fixtures import SCHEDULER, BridgeEnv, issue_serving_cert
 
+pytestmark = pytest.mark.e2e
+
 JSON = dict[str, Any]
 TOLERATION = {
     "key": "slinky.slurm.net/managed-node",

@@ -33,6 +33,8 @@ from tests.e2e.bridge_fixtures import SCHEDULER, BridgeEnv, wait_slurm_node
 from tests.e2e.group_controllers import GroupControllers
 from tests.e2e.test_bridge_scheduler import get_pod, job_ended, pod_gone
 
+pytestmark = pytest.mark.e2e
+
 JSON = dict[str, Any]
 REPO = Path(__file__).resolve().parents[2]
 TAINT = f"{SCHEDULER}:NoExecute"

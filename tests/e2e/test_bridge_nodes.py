@@ -9,6 +9,8 @@ import contextlib
 import time
 import uuid
 
+import pytest
+
 from slinky.bridge.labels import (
     EXTERNAL_NODE,
     EXTERNAL_NODE_PARTITIONS,
@@ -20,6 +22,8 @@ from slinky.kube import rest
 from slinky.slurm.models import Node
 from slinky_testbed.waiting import wait_for
 from tests.e2e.bridge_fixtures import SCHEDULER, BridgeEnv, wait_slurm_node
+
+pytestmark = pytest.mark.e2e
 
 EXTERNAL = {EXTERNAL_NODE: "true"}
 TAINT = f"{SCHEDULER}:NoExecute"

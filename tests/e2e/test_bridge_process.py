@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import httpx2
+import pytest
 import yaml
 
 from slinky.bridge.labels import EXTERNAL_NODE
@@ -28,6 +29,8 @@ from tests.e2e.bridge_fixtures import (
     wait_ready,
     wait_slurm_node,
 )
+
+pytestmark = pytest.mark.e2e
 
 DUMMY_KUBECONFIG = {
     "apiVersion": "v1",

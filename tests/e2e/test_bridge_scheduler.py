@@ -43,6 +43,8 @@ from tests.e2e.bridge_fixtures import (
     wait_slurm_node,
 )
 
+pytestmark = pytest.mark.e2e
+
 JSON = dict[str, Any]
 TAINT = f"{SCHEDULER}:NoExecute"
 

@@ -180,3 +180,47 @@ def test_a_nodeset_gauge_reads_the_partition_the_nodeset_has_not_one_named_like_
     ):
         assert nodeset_value(stats, obj, "slurm_nodeset_jobs_pending") == 3
         assert nodeset_value(stats, obj, "slurm_nodeset_jobs_pending_nodes") == 5
+
+
+async def test_a_job_metric_whose_poll_failed_answers_503_not_an_old_queue() -> None:
+    # The HPA keeps the current scale on a 503; an answer from a queue polled minutes ago
+    # (slurmrestd down since) would scale on what no longer is.
+    from types import SimpleNamespace
+    from typing import Any, cast
+
+    from slinky.operator.autoscale.extapi import MetricsAPI
+    from slinky.operator.autoscale.metrics import ClusterStats, PartitionStats
+
+    class Informer:
+        def __init__(self, ok: bool) -> None:
+            self.ok = ok
+
+        def want_partitions(self, key: str, on: bool) -> None:
+            pass
+
+        async def refresh_jobs(self, key: str, *, max_age: float, timeout: float) -> bool:
+            return self.ok
+
+    stats = ClusterStats(polls=1, jobs_known=True, partitions={"compute": PartitionStats(2, 2)})
+    nodeset = {"metadata": {"name": "compute", "namespace": "ns"}, "spec": {"clusterName": "c"}}
+
+    def api(ok: bool) -> MetricsAPI:
+        conn = SimpleNamespace(informer=Informer(ok))
+        clients = SimpleNamespace(get=lambda k: conn, keys=lambda: ["ns/c"])
+        none = cast(Any, None)
+        return MetricsAPI(
+            kube=none,
+            clients=cast(Any, clients),
+            metrics=cast(Any, SimpleNamespace(cluster=lambda k: stats)),
+            nodeset_get=lambda k: nodeset,
+            leading=lambda: True,
+            tls=none,
+            allowed_names=[],
+        )
+
+    sel = {"partition": "compute"}
+    assert (await api(True)._partition("ns", "slurm_partition_jobs_pending", sel)).status == 200
+    assert (await api(False)._partition("ns", "slurm_partition_jobs_pending", sel)).status == 503
+    sel = {"nodeset": "compute"}
+    assert (await api(True)._nodeset("ns", "slurm_nodeset_jobs_pending", sel)).status == 200
+    assert (await api(False)._nodeset("ns", "slurm_nodeset_jobs_pending", sel)).status == 503

@@ -269,18 +269,21 @@ class MetricsAPI(BackgroundLoop):
             }
         )
 
-    async def _fresh(self, cluster_keys: list[str]) -> None:
-        """A view of these Clusters' jobs at most ANSWER_AGE_S old."""
+    async def _fresh(self, cluster_keys: list[str]) -> set[str]:
+        """A view of these Clusters' jobs at most ANSWER_AGE_S old; the Clusters whose jobs
+        could not be polled within REFRESH_TIMEOUT_S (their job metrics answer 503: an HPA
+        keeps the current scale rather than act on an old queue)."""
         self._last_request = time.monotonic()
-        informers = [c.informer for k in cluster_keys if (c := self.clients.get(k)) is not None]
-        for informer in informers:  # names the partitions that have nothing pending
-            informer.want_partitions(DEMAND_KEY, True)
-        await asyncio.gather(
+        conns = [(k, c) for k in cluster_keys if (c := self.clients.get(k)) is not None]
+        for _, conn in conns:  # names the partitions that have nothing pending
+            conn.informer.want_partitions(DEMAND_KEY, True)
+        fresh = await asyncio.gather(
             *(
-                i.refresh_jobs(DEMAND_KEY, max_age=ANSWER_AGE_S, timeout=REFRESH_TIMEOUT_S)
-                for i in informers
+                c.informer.refresh_jobs(DEMAND_KEY, max_age=ANSWER_AGE_S, timeout=REFRESH_TIMEOUT_S)
+                for _, c in conns
             )
         )
+        return {key for (key, _), ok in zip(conns, fresh, strict=True) if not ok}
 
     async def _get(self, request: web.Request) -> web.Response:
         start = time.perf_counter()
@@ -321,11 +324,11 @@ class MetricsAPI(BackgroundLoop):
         keys = [k for k in self.clients.keys() if k.partition("/")[0] == ns]
         if "cluster" in selector:
             keys = [k for k in keys if k == f"{ns}/{selector['cluster']}"]
-        await self._fresh(keys)
+        stale = await self._fresh(keys)
         items = []
         for key in keys:
             stats = self.metrics.cluster(key)
-            if stats is not None and not stats.jobs_known:
+            if stats is not None and (not stats.jobs_known or key in stale):
                 return status(
                     503,
                     "ServiceUnavailable",
@@ -356,9 +359,9 @@ class MetricsAPI(BackgroundLoop):
         if obj is None:
             return status(404, "NotFound", f"{metric}: NodeSet {ns}/{name} not found")
         cluster = (obj.get("spec") or {}).get("clusterName")
-        await self._fresh([f"{ns}/{cluster}"])
+        stale = await self._fresh([f"{ns}/{cluster}"])
         stats = self.metrics.cluster(f"{ns}/{cluster}")
-        if stats is None or (is_job_metric(metric) and not stats.jobs_known):
+        if stats is None or (is_job_metric(metric) and (not stats.jobs_known or stale)):
             return status(
                 503,
                 "ServiceUnavailable",

@@ -4,6 +4,8 @@
                         when deleted; the Service follows `serviceName`);
 2. `replace_finished` — pods that ended (Succeeded/Failed) are deleted and later re-created;
    `replace_unregistered` — so are pods whose slurmd registration slurmctld lost;
+   `replace_unreachable` — and Ready pods whose idle Slurm node has not responded for long;
+   `check_autoscaler` — the `Autoscaling` condition (an HPA that cannot scale from 0);
 3. `scalein.scale_in` or `scale_out` — remove victims through the drain-before-delete path
                         (scalein.py), or create missing ordinals in slow-start batches;
 4. `update.rolling_update` — the rolling update rule (update.py);
@@ -19,7 +21,7 @@ only when none is left and the NodeSet's partition is deleted.
 
 Pods are built from the Cluster object's `spec.controller` (the `--conf-server` of slurmd),
 never from whether a Slurm connection happens to be up; that address is part of the pod
-revision, so changing it rolls the pods. Steps 4-5 wait while expectations from a previous
+revision, so changing it rolls the pods. Steps 2-5 wait while expectations from a previous
 reconcile are unmet, so a stale cache never creates or deletes twice.
 """
 
