@@ -101,6 +101,45 @@ class NoControllerAddress(Exception):
         self.message = message
 
 
+def conf_server(cluster: JSON | None, namespace: str, spec: NodeSetSpec) -> str | None:
+    """slurmd's `--conf-server`: `cluster`'s `spec.controller`. None when the template
+    already sets the flag. Raises NoControllerAddress when neither says where it is."""
+    if builder.template_sets_conf_server(spec.template):
+        return None
+    if cluster is None:
+        raise NoControllerAddress(
+            "ClusterNotFound",
+            f"Cluster {namespace}/{spec.cluster_name} (spec.clusterName) not found; "
+            "no pod is created until it exists",
+        )
+    try:
+        cspec = parse(ClusterSpec, cluster.get("spec"), "spec")
+    except ParseError as e:
+        raise NoControllerAddress(
+            "ClusterInvalid", f"Cluster {namespace}/{spec.cluster_name}: {e}"
+        ) from None
+    if cspec.controller is None:
+        raise NoControllerAddress(
+            "NoControllerAddress",
+            f"Cluster {namespace}/{spec.cluster_name} has no spec.controller and the "
+            "slurmd container sets no --conf-server; set spec.controller {host, port}",
+        )
+    return f"{cspec.controller.host}:{cspec.controller.port}"
+
+
+def revision(obj: JSON, spec: NodeSetSpec, cluster: JSON | None) -> str:
+    """The revision the NodeSet's pods should be at: the hash of what they are built from.
+    Without a controller address there is no new revision to roll to: the pods stay at the
+    status' updateRevision rather than be replaced by pods that cannot be built."""
+    service = builder.service_name(obj, spec)
+    try:
+        server = conf_server(cluster, obj["metadata"]["namespace"], spec)
+    except NoControllerAddress:
+        pending = (obj.get("status") or {}).get("updateRevision")
+        return str(pending or builder.revision_hash(spec.template, None, service))
+    return builder.revision_hash(spec.template, server, service)
+
+
 class NodeSetSync:
     def __init__(
         self,
@@ -171,19 +210,13 @@ class NodeSetSync:
     def view_of(self, key: str, obj: JSON, spec: NodeSetSpec) -> View:
         meta = obj["metadata"]
         owned = self.pods.by_index(BY_OWNER_UID, meta["uid"])
-        conf_server: str | None = None
+        server: str | None = None
         conf_problem: tuple[str, str] | None = None
         try:
-            conf_server = self.conf_server(meta["namespace"], spec)
+            server = self.conf_server(meta["namespace"], spec)
         except NoControllerAddress as e:
             conf_problem = (e.reason, e.message)
-        revision = builder.revision_hash(
-            spec.template, conf_server, builder.service_name(obj, spec)
-        )
-        if conf_problem is not None:
-            # Without a controller address there is no new revision to roll to: keep the
-            # pods where they are rather than replace them by pods that cannot be built.
-            revision = str((obj.get("status") or {}).get("updateRevision") or revision)
+        cluster = self.clusters.get(f"{meta['namespace']}/{spec.cluster_name}")
         active: dict[str, JSON] = {}
         terminating: dict[str, JSON] = {}
         for p in map(self.ctx.podcontrol.as_written, owned):
@@ -194,8 +227,8 @@ class NodeSetSync:
             spec=spec,
             key=key,
             exp_key=f"{key}/{meta['uid']}",
-            revision=revision,
-            conf_server=conf_server,
+            revision=revision(obj, spec, cluster),
+            conf_server=server,
             conn=self.clients.get(f"{meta['namespace']}/{spec.cluster_name}"),
             active=active,
             terminating=terminating,
@@ -203,30 +236,7 @@ class NodeSetSync:
         )
 
     def conf_server(self, namespace: str, spec: NodeSetSpec) -> str | None:
-        """slurmd's `--conf-server`: the Cluster's `spec.controller`. None when the template
-        already sets the flag. Raises NoControllerAddress when neither says where it is."""
-        if builder.template_sets_conf_server(spec.template):
-            return None
-        cluster = self.clusters.get(f"{namespace}/{spec.cluster_name}")
-        if cluster is None:
-            raise NoControllerAddress(
-                "ClusterNotFound",
-                f"Cluster {namespace}/{spec.cluster_name} (spec.clusterName) not found; "
-                "no pod is created until it exists",
-            )
-        try:
-            cspec = parse(ClusterSpec, cluster.get("spec"), "spec")
-        except ParseError as e:
-            raise NoControllerAddress(
-                "ClusterInvalid", f"Cluster {namespace}/{spec.cluster_name}: {e}"
-            ) from None
-        if cspec.controller is None:
-            raise NoControllerAddress(
-                "NoControllerAddress",
-                f"Cluster {namespace}/{spec.cluster_name} has no spec.controller and the "
-                "slurmd container sets no --conf-server; set spec.controller {host, port}",
-            )
-        return f"{cspec.controller.host}:{cspec.controller.port}"
+        return conf_server(self.clusters.get(f"{namespace}/{spec.cluster_name}"), namespace, spec)
 
     async def sync(self, view: View) -> Result:
         await self.ensure_children(view)
