@@ -115,6 +115,13 @@ def candidates(view: View, pod_list: Iterable[JSON]) -> list[Candidate]:
     return [Candidate(p, view.ordinal(p), view.slurm_node(p)) for p in pod_list]
 
 
+def scale_in_victims(view: View, excess: int) -> list[JSON]:
+    """The pods a scale-in by `excess` removes, most disposable first (pods an update is
+    replacing are not counted: they come back at the new revision)."""
+    pool = [p for p in view.active.values() if pods.condemned(p) != CONDEMNED_UPDATE]
+    return [c.pod for c in victims(candidates(view, pool), excess)]
+
+
 # ------------------------------------------------------------ 4. drained?
 
 
@@ -322,8 +329,7 @@ async def scale_in(
         return [DRAIN_RECHECK_S]
     if not view.slurm_fresh("scale-in"):
         return [FRESH_VIEW_S]  # which nodes are busy, as of now: wait for one fast poll
-    pool = [p for p in view.active.values() if pods.condemned(p) != CONDEMNED_UPDATE]
-    chosen = [c.pod for c in victims(candidates(view, pool), excess)]
+    chosen = scale_in_victims(view, excess)
     chosen_names = {pods.name(p) for p in chosen}
     for pod in condemned_now:
         if pods.name(pod) not in chosen_names:

@@ -1,0 +1,190 @@
+"""What the plugin reads: the Kubernetes objects of a namespace (or all) and, per Cluster,
+one list each of Slurm's nodes, jobs and partitions through the Cluster's own slurmrestd and
+credentials (the Secret the Cluster names, read with the user's kubeconfig)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from slinky.api.schema import ParseError, parse
+from slinky.api.v1alpha1.cluster import ClusterSpec
+from slinky.kube import rest
+from slinky.operator.cluster.sync import ConfigProblem, Options, resolve_auth
+from slinky.operator.nodeset.builder import LABEL_NODESET
+from slinky.operator.resources import CLUSTERS, NODESETS
+from slinky.slurm import errors
+from slinky.slurm.client import SlurmClient
+from slinky.slurm.models import Job, Node, Partition, expand_hostlist
+from slinky.types import JSON
+
+SLURM_TIMEOUT_S = 10.0
+BRIDGE_JOBID_LABEL = "scheduler.slinky.slurm.net/slurm-jobid"
+
+
+@dataclass
+class SlurmSide:
+    """One Cluster's Slurm as read now (`error`: why it could not be read)."""
+
+    cluster: str
+    server: str
+    nodes: dict[str, Node] = field(default_factory=dict)
+    jobs: dict[int, Job] = field(default_factory=dict)
+    partitions: dict[str, Partition] = field(default_factory=dict)
+    error: str = ""
+
+    def jobs_on(self, node: str) -> list[Job]:
+        """Jobs that hold `node` now (running, suspended or completing)."""
+        return sorted(
+            (
+                j
+                for j in self.jobs.values()
+                if not j.is_pending
+                and (not j.is_finished or "COMPLETING" in j.state)
+                and node in expand_hostlist(j.nodes)
+            ),
+            key=lambda j: j.job_id,
+        )
+
+    def queued_in(self, partition: str) -> list[Job]:
+        return sorted(
+            (j for j in self.jobs.values() if j.is_pending and partition in j.partition.split(",")),
+            key=lambda j: j.job_id,
+        )
+
+
+@dataclass
+class World:
+    namespace: str | None  # None: all namespaces
+    clusters: list[JSON]
+    nodesets: list[JSON]
+    pods: list[JSON]  # NodeSet pods and bridge pods
+    kube_nodes: dict[str, JSON]
+    hpas: list[JSON]
+    slurm: dict[str, SlurmSide]  # by Cluster key namespace/name
+    now: float = field(default_factory=time.time)
+
+    def nodeset_pods(self, nodeset: JSON) -> list[JSON]:
+        ns, name = nodeset["metadata"]["namespace"], nodeset["metadata"]["name"]
+        return sorted(
+            (
+                p
+                for p in self.pods
+                if p["metadata"]["namespace"] == ns
+                and (p["metadata"].get("labels") or {}).get(LABEL_NODESET) == name
+            ),
+            key=lambda p: str(p["metadata"]["name"]),
+        )
+
+    def bridge_pods(self) -> list[JSON]:
+        return sorted(
+            (p for p in self.pods if is_bridge_pod(p)),
+            key=lambda p: (p["metadata"]["namespace"], p["metadata"]["name"]),
+        )
+
+    def slurm_of(self, nodeset: JSON) -> SlurmSide | None:
+        cluster = (nodeset.get("spec") or {}).get("clusterName")
+        return self.slurm.get(f"{nodeset['metadata']['namespace']}/{cluster}")
+
+    def find_job(self, job_id: int) -> tuple[SlurmSide, Job] | None:
+        for side in self.slurm.values():
+            if job_id in side.jobs:
+                return side, side.jobs[job_id]
+        return None
+
+
+def is_bridge_pod(pod: JSON) -> bool:
+    labels = pod["metadata"].get("labels") or {}
+    return BRIDGE_JOBID_LABEL in labels or "slurm-bridge" in str(
+        (pod.get("spec") or {}).get("schedulerName") or ""
+    )
+
+
+class _Secrets:
+    """The one lookup `resolve_auth` makes, answered from Secrets read here."""
+
+    def __init__(self, found: dict[str, JSON]) -> None:
+        self.found = found
+
+    def get(self, key: str) -> JSON | None:
+        return self.found.get(key)
+
+
+async def read_slurm(kube: rest.Kube, cluster: JSON, *, server: str | None = None) -> SlurmSide:
+    """Nodes, jobs and partitions of the Cluster's Slurm (one request each)."""
+    ns, name = cluster["metadata"]["namespace"], cluster["metadata"]["name"]
+    key = f"{ns}/{name}"
+    try:
+        spec = parse(ClusterSpec, cluster.get("spec"), "spec")
+    except ParseError as e:
+        return SlurmSide(key, "", error=f"invalid spec: {e}")
+    side = SlurmSide(key, server or spec.server)
+    secret_name = (
+        spec.jwt_key_ref.name if spec.jwt_key_ref else (spec.token.secret_ref if spec.token else "")
+    )
+    found: dict[str, JSON] = {}
+    try:
+        found[f"{ns}/{secret_name}"] = await kube.get(rest.SECRETS, secret_name, ns)
+    except rest.ApiError as e:
+        side.error = f"cannot read Secret {ns}/{secret_name}: {e}"
+        return side
+    try:
+        auth = resolve_auth(ns, spec, cast(Any, _Secrets(found)), Options())
+    except ConfigProblem as e:
+        side.error = e.message
+        return side
+    client = SlurmClient(side.server, auth.make_tokens(), timeout=SLURM_TIMEOUT_S, retries=1)
+    try:
+        (nodes, _), (jobs, _), partitions = await asyncio.gather(
+            client.list_nodes(), client.list_jobs(), client.list_partitions()
+        )
+        side.nodes = {n.name: n for n in nodes or []}
+        side.jobs = {j.job_id: j for j in jobs or []}
+        side.partitions = {p.name: p for p in partitions}
+    except errors.SlurmError as e:
+        side.error = f"slurmrestd {side.server}: {e}"
+    finally:
+        await client.close()
+    return side
+
+
+async def gather(
+    kube: rest.Kube, namespace: str | None, *, slurm_server: str | None = None
+) -> World:
+    """Everything the commands join, read once."""
+    clusters, nodesets, pods, nodes, hpas = await asyncio.gather(
+        _items(kube, CLUSTERS, namespace),
+        _items(kube, NODESETS, namespace),
+        _items(kube, rest.PODS, namespace),
+        _items(kube, rest.NODES, None),
+        _items(kube, rest.HPAS, namespace, optional=True),
+    )
+    wanted = [
+        p
+        for p in pods
+        if (p["metadata"].get("labels") or {}).get(LABEL_NODESET) or is_bridge_pod(p)
+    ]
+    sides = await asyncio.gather(*(read_slurm(kube, c, server=slurm_server) for c in clusters))
+    return World(
+        namespace=namespace,
+        clusters=clusters,
+        nodesets=nodesets,
+        pods=wanted,
+        kube_nodes={n["metadata"]["name"]: n for n in nodes},
+        hpas=hpas,
+        slurm={s.cluster: s for s in sides},
+    )
+
+
+async def _items(
+    kube: rest.Kube, res: rest.Resource, namespace: str | None, *, optional: bool = False
+) -> list[JSON]:
+    try:
+        data = await kube.list(res, namespace)
+    except rest.ApiError as e:
+        if optional or e.not_found:
+            return []
+        raise
+    return list(data.get("items") or [])
