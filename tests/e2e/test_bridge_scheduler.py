@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import itertools
 import re
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -328,6 +329,47 @@ async def test_deleting_a_pending_pod_cancels_its_job(bridge: BridgeEnv, managed
     try:
         await pending_pods_job_is_cancelled_on_delete(env, name, ns)
     finally:
+        await env.slurm.cancel_job(holder)
+
+
+async def test_kubectl_slinky_why_a_pending_bridge_pod_gives_slurms_reason(
+    bridge: BridgeEnv, managed_node: str
+) -> None:
+    env, ns = bridge, bridge.managed_namespace
+    name = f"why-{uuid.uuid4().hex[:6]}"
+    holder = await env.submit_placeholder(managed_node)
+    try:
+        await env.kube.create(rest.PODS, workload_pod(name, ["sleep", "600"]), ns)
+        waiting = await pod_where(
+            env,
+            name,
+            ns,
+            lambda p: (
+                (c := conditions.find(p["status"].get("conditions"), "PodScheduled")) is not None
+                and c["reason"] == "SlurmJobPending"
+                and "(" in c["message"]
+            ),
+            "PodScheduled=False SlurmJobPending with Slurm's reason",
+        )
+        job = await env.slurm.get_job(job_id(waiting))
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "slinky.kubectl.main",
+            "why",
+            name,
+            f"--kubeconfig={env.testbed.kubeconfig}",
+            f"--namespace={ns}",
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, err.decode()
+        text = out.decode()
+        assert f"Slurm job {job.job_id} is PENDING ({job.state_reason})" in text, text
+    finally:
+        with contextlib.suppress(rest.ApiError):
+            await env.kube.delete(rest.PODS, name, ns)
         await env.slurm.cancel_job(holder)
 
 
