@@ -99,8 +99,8 @@ def hpa_for(world: World, nodeset: JSON) -> JSON | None:
                 "name": hpa["metadata"]["name"],
                 "minReplicas": spec.get("minReplicas", 1),
                 "maxReplicas": spec.get("maxReplicas"),
-                "currentReplicas": status.get("currentReplicas"),
-                "desiredReplicas": status.get("desiredReplicas"),
+                "currentReplicas": status.get("currentReplicas", 0),
+                "desiredReplicas": status.get("desiredReplicas", 0),
                 "conditionsWaiting": [
                     c
                     for c in conditions_waiting(hpa) + conditions_true(hpa)
