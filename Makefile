@@ -11,7 +11,7 @@ SLINKY_CACHE ?= $(HOME)/.cache/slinky
 export UV_CACHE_DIR ?= $(SLINKY_CACHE)/uv
 export MYPY_CACHE_DIR ?= $(SLINKY_CACHE)/mypy
 DEV_DIR ?= $(SLINKY_CACHE)/testbeds/dev
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=25
 # Two workers, each with its own test bed: the e2e tests mostly wait on Slurm and kubelets.
 PYTEST_XDIST ?= -n 2 --dist worksteal
 
