@@ -27,7 +27,7 @@ def kwok_stages_file() -> Path:
 
 
 def default_state_dir() -> Path:
-    """State of the default test bed (the one `make dev` and plain `slinky testbed up` use)."""
+    """State of the default test bed (plain `slinky testbed up`; `make dev` uses `testbeds/dev`)."""
     return Path(os.environ.get("SLINKY_TESTBED_DIR", cache_dir() / "testbeds" / "default"))
 
 

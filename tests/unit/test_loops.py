@@ -219,3 +219,25 @@ async def test_a_cancelled_controller_does_not_wait_for_in_flight_work() -> None
     task.cancel()
     done, _ = await asyncio.wait([task], timeout=2)
     assert done, "cancellation must not drain in-flight reconciles"
+
+
+async def test_the_full_list_after_failed_polls_is_told_to_node_list_subscribers() -> None:
+    # A slurmctld kill -9 seen by a failed poll: the next poll lists every node in full, and
+    # the bridge must look at its jobs at once (one came back PENDING from state saved
+    # before its allocation, its pod still bound): the soak saw 55 s pass, until the
+    # 60-second recheck of running jobs, because only delta lists were told.
+    slurm = DeltaSlurm()
+    inf = SlurmInformer(slurm.client())
+    told: list[int] = []
+    inf.on_node_list(lambda: told.append(inf.polls))
+    await inf.poll_once()  # the first list at start: nothing was known before
+    assert told == []
+    inf._mark_stale("slurmrestd http://slurm.test unreachable")
+    await inf.poll_once()
+    assert told == [2], "the list after the outage is told"
+    inf.poke(full=True)
+    await inf.poll_once()  # a full list we asked for (after deleting a node): not told
+    assert told == [2]
+    slurm.updated["nodes"] = 20
+    await inf.poll_once()  # a delta list: told, as before
+    assert told == [2, 4]

@@ -164,8 +164,9 @@ class SlurmInformer(BackgroundLoop):
     def on_node_list(self, fn: Callable[[], None]) -> None:
         """Call `fn` (on the event loop, must not block) after every delta poll in which
         slurmctld returned the node list, i.e. some node changed since the last poll,
-        whether or not a field the diff looks at did: a node handed from one job to the
-        next between two polls looks the same before and after."""
+        whether or not a field the diff looks at did (a node handed from one job to the
+        next between two polls looks the same before and after), and after the full list
+        that ends a time of failed polls (slurmctld may have come back from a crash)."""
         self._node_list_subscribers.append(fn)
 
     def _publish(self, event: SlurmEvent) -> None:
@@ -357,6 +358,10 @@ class SlurmInformer(BackgroundLoop):
         something may have changed them), concurrently: one round trip, not three."""
         now = time.monotonic()
         full = self.stale or self._full_next or now - self._last_resync >= self.resync_interval
+        # A full list after a failed poll is the first word from a slurmctld that may have
+        # restarted meanwhile (from state saved before allocations we read): the node-list
+        # subscribers hear of it as of any delta list.
+        recovering = self.stale and self.has_synced
         nodes = nodes or full
         self._full_next = False
         self.polls += 1
@@ -394,7 +399,7 @@ class SlurmInformer(BackgroundLoop):
             if node_list is not None:
                 self._diff_nodes(node_list)
                 changed = not full
-                if not full:
+                if not full or recovering:
                     for fn in list(self._node_list_subscribers):
                         try:
                             fn()
