@@ -21,6 +21,7 @@ from slinky.operator import main as operator_main
 from slinky.operator.autoscale.metrics import NODESET_METRICS, PARTITION_METRICS
 from slinky.operator.nodeset import partition
 from slinky_testbed import paths
+from slinky_testbed.prometheus import SLURMCTLD_METRICS_PATHS
 
 JSON = dict[str, Any]
 REPO = Path(__file__).resolve().parents[2]
@@ -585,6 +586,48 @@ def test_autoscaling_on_sizes_the_nodeset_by_a_metric_the_operator_serves(tmp_pa
     assert metric["metric"]["name"] in (*PARTITION_METRICS, *NODESET_METRICS)
     assert metric["metric"]["selector"]["matchLabels"] == {"partition": "cpu", "cluster": "slurm"}
     assert metric["target"] == {"type": "AverageValue", "averageValue": "1"}
+
+
+def test_slurmctld_serves_its_own_metrics_by_default_and_not_when_switched_off() -> None:
+    assert "MetricsType=metrics/openmetrics" in slurm_conf(render("slurm"))
+    assert not kinds(render("slurm"), "ServiceMonitor")
+    off = render("slurm", "controller.metrics.enabled=false")
+    assert not any(line.startswith("Metrics") for line in slurm_conf(off))
+
+
+def test_the_service_monitor_scrapes_every_slurmctld_metrics_path_on_the_controller() -> None:
+    objs = render(
+        "slurm",
+        "controller.metrics.serviceMonitor.enabled=true",
+        "controller.metrics.serviceMonitor.labels.release=prom",
+    )
+    sm = one(objs, "ServiceMonitor", "slurm-controller")
+    assert sm["metadata"]["labels"]["release"] == "prom"
+    # It selects the controller's Service, and no other Service of the release.
+    services = kinds(objs, "Service")
+    selected = [
+        svc["metadata"]["name"]
+        for svc in services
+        if sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    ]
+    assert selected == ["slurm-controller"]
+    ports = [p["name"] for p in one(objs, "Service", "slurm-controller")["spec"]["ports"]]
+    endpoints = sm["spec"]["endpoints"]
+    # The same paths the test bed's Prometheus scrapes (and verifies against slurmctld).
+    assert [e["path"] for e in endpoints] == list(SLURMCTLD_METRICS_PATHS)
+    for e in endpoints:
+        assert e["port"] in ports
+        assert e["scheme"] == "http"
+        assert {"sourceLabels": ["__metrics_path__"], "targetLabel": "metrics_path"} in e[
+            "relabelings"
+        ]
+        assert {"targetLabel": "job", "replacement": "slurmctld"} in e["relabelings"]
+    off = render(
+        "slurm",
+        "controller.metrics.enabled=false",
+        "controller.metrics.serviceMonitor.enabled=true",
+    )
+    assert not kinds(off, "ServiceMonitor")
 
 
 def test_hybrid_mode_points_the_cluster_at_an_external_slurmctld(tmp_path: Path) -> None:
