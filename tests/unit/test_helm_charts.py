@@ -907,3 +907,98 @@ def test_an_upgrade_does_not_make_a_new_slurm_key_unless_asked() -> None:
         "template", "x", str(CHARTS / "slurm"), "--is-upgrade", "--set", "slurmKey.regenerate=true"
     )
     assert "jwt_hs256.key" in ok.stdout
+
+
+# ---------------------------------------------------------------- monitoring
+
+MONITORING = REPO / "config/monitoring"
+CHART_MONITORING = CHARTS / "slurm-operator/files/monitoring"
+
+
+def _monitoring_files(root: Path) -> dict[str, bytes]:
+    """alerts.yaml and the dashboards (the promtool tests stay in config/monitoring/ only)."""
+    paths = [root / "alerts.yaml", *sorted((root / "dashboards").glob("*.json"))]
+    return {str(p.relative_to(root)): p.read_bytes() for p in paths if p.exists()}
+
+
+def test_operator_chart_holds_config_monitoring_byte_for_byte() -> None:
+    ours = _monitoring_files(CHART_MONITORING)
+    source = _monitoring_files(MONITORING)
+    assert ours.keys() == source.keys(), "copy config/monitoring/ to " + str(CHART_MONITORING)
+    stale = [name for name in ours if ours[name] != source[name]]
+    assert not stale, f"copy config/monitoring/{stale[0]} to {CHART_MONITORING}/"
+
+
+def test_operator_chart_renders_no_dashboards_or_rules_unless_asked() -> None:
+    objs = render("slurm-operator")
+    assert not kinds(objs, "PrometheusRule")
+    assert not [
+        o for o in kinds(objs, "ConfigMap") if "grafana_dashboard" in o["metadata"]["labels"]
+    ]
+
+
+def test_dashboards_are_configmaps_the_grafana_sidecar_loads_unchanged() -> None:
+    objs = render(
+        "slurm-operator",
+        "monitoring.dashboards.enabled=true",
+        "monitoring.dashboards.annotations.grafana_folder=Slinky",
+        namespace="slinky-system",
+    )
+    maps = {
+        next(iter(o["data"])): o
+        for o in kinds(objs, "ConfigMap")
+        if "grafana_dashboard" in o["metadata"]["labels"]
+    }
+    dashboards = sorted((MONITORING / "dashboards").glob("*.json"))
+    assert sorted(maps) == [p.name for p in dashboards]
+    for path in dashboards:
+        cm = maps[path.name]
+        assert cm["data"] == {path.name: path.read_text()}
+        assert cm["metadata"]["namespace"] == "slinky-system"
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert cm["metadata"]["annotations"] == {"grafana_folder": "Slinky"}
+        assert len(cm["metadata"]["name"]) <= 63
+
+
+def test_dashboards_go_to_the_namespace_and_labels_asked() -> None:
+    objs = render(
+        "slurm-operator",
+        "monitoring.dashboards.enabled=true",
+        "monitoring.dashboards.namespace=monitoring",
+        "monitoring.dashboards.labels.grafana_dashboard=null",
+        "monitoring.dashboards.labels.dashboards=slinky",
+    )
+    maps = [o for o in kinds(objs, "ConfigMap") if o["metadata"]["namespace"] == "monitoring"]
+    assert len(maps) == len(list((MONITORING / "dashboards").glob("*.json")))
+    for cm in maps:
+        assert cm["metadata"]["labels"]["dashboards"] == "slinky"
+        assert "grafana_dashboard" not in cm["metadata"]["labels"]
+        assert "annotations" not in cm["metadata"]
+
+
+def test_alerts_are_a_prometheus_rule_with_the_rules_of_config() -> None:
+    objs = render(
+        "slurm-operator",
+        "monitoring.prometheusRule.enabled=true",
+        "monitoring.prometheusRule.labels.release=prom",
+        namespace="slinky-system",
+    )
+    rule = one(objs, "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["namespace"] == "slinky-system"
+    assert rule["metadata"]["labels"]["release"] == "prom"
+    assert rule["spec"] == yaml.safe_load((MONITORING / "alerts.yaml").read_text())
+    elsewhere = render(
+        "slurm-operator",
+        "monitoring.prometheusRule.enabled=true",
+        "monitoring.prometheusRule.namespace=monitoring",
+    )
+    assert one(elsewhere, "PrometheusRule")["metadata"]["namespace"] == "monitoring"
+
+
+def test_the_service_monitor_keeps_the_namespace_label_of_the_gauges() -> None:
+    """With honorLabels the slurm_* gauges keep `namespace` (the Cluster's or NodeSet's), which
+    the dashboards select by; else Prometheus would rename it `exported_namespace`."""
+    objs = render("slurm-operator", "metrics.serviceMonitor.enabled=true")
+    (endpoint,) = one(objs, "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["honorLabels"] is True
