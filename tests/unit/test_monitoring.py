@@ -96,6 +96,16 @@ def metric_names(expr: str) -> set[str]:
     return {n for n in _NAME.findall(text) if n.lower() not in _KEYWORDS}
 
 
+_SELECTOR = re.compile(r"(?<![\w.:])([A-Za-z_:][\w:]*)(\{[^}]*\})")
+
+
+def selectors(expr: str) -> set[str]:
+    """`name{matchers}` of an expression, and the names it reads without matchers."""
+    with_matchers = {m.group(0) for m in _SELECTOR.finditer(expr)}
+    named = {s.split("{", 1)[0] for s in with_matchers}
+    return with_matchers | (metric_names(expr) - named)
+
+
 def exported_names() -> set[str]:
     """Every series name the operator and the bridge can export."""
     names: set[str] = set()
@@ -226,3 +236,8 @@ def test_metric_names_finds_names_not_functions_labels_or_keywords() -> None:
         " / on (server) group_left b_total unless c > bool 0"
     )
     assert metric_names(expr) == {"a_bucket", "b_total", "c"}
+
+
+def test_selectors_lists_matchers_and_bare_names() -> None:
+    expr = 'sum(rate(a_total{x="1"}[5m])) / b unless c{y=~"2|3"}'
+    assert selectors(expr) == {'a_total{x="1"}', "b", 'c{y=~"2|3"}'}
