@@ -337,3 +337,68 @@ class Prometheus:
         except WaitTimeout as e:
             down = [f"{t.url}: {t.health} {t.last_error}".strip() for t in seen if t.health != "up"]
             raise WaitTimeout(f"{e}; not up: {down or 'no targets'}") from None
+
+
+def parse_target(spec: str) -> tuple[str, str, str]:
+    """`job=host:port[/path]` (the form `--target` takes) → (job, host:port, path)."""
+    job, sep, rest = spec.partition("=")
+    if not sep or not job or not rest:
+        raise ValueError(f"--target {spec!r}: want job=host:port[/path]")
+    addr, slash, path = rest.partition("/")
+    return job, addr, "/" + path if slash else "/metrics"
+
+
+def targets_to_jobs(specs: Sequence[str]) -> list[ScrapeJob]:
+    """`--target` values → scrape jobs, one per job name (one path each)."""
+    jobs: dict[str, tuple[str, list[str]]] = {}
+    for spec in specs:
+        job, addr, path = parse_target(spec)
+        have_path, addrs = jobs.setdefault(job, (path, []))
+        if have_path != path:
+            raise ValueError(f"--target {spec!r}: job {job} already scrapes {have_path}")
+        addrs.append(addr)
+    return [ScrapeJob(job, addrs, paths=(path,)) for job, (path, addrs) in jobs.items()]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m slinky_testbed.prometheus --dir DIR start|query|stop` for use by hand."""
+    import argparse
+    import asyncio
+    import json
+
+    p = argparse.ArgumentParser(prog="python -m slinky_testbed.prometheus")
+    p.add_argument("--dir", type=Path, default=None, help="the test bed's directory")
+    p.add_argument("--name", default="prometheus", help="several may run per bed")
+    cmds = p.add_subparsers(dest="cmd", required=True)
+    start = cmds.add_parser("start", help="scrape slurmctld (and --target ...), print the URL")
+    start.add_argument(
+        "--target",
+        action="append",
+        default=[],
+        help="another scrape target, job=host:port[/path] (repeatable)",
+    )
+    start.add_argument("--rules", action="append", default=[], type=Path, help="a rule file")
+    query = cmds.add_parser("query", help="an instant query; one JSON line per series")
+    query.add_argument("expr")
+    cmds.add_parser("stop", help="stop it (down stops it too)")
+    args = p.parse_args(argv)
+    bed = Testbed(args.dir)
+    try:
+        if args.cmd == "start":
+            extra = targets_to_jobs(args.target)
+            prom = Prometheus.start(
+                bed, [slurmctld_job(bed.slurmctld_addr), *extra], args.rules, name=args.name
+            )
+            print(prom.url)
+        elif args.cmd == "query":
+            prom = Prometheus.attach(bed, name=args.name)
+            for s in asyncio.run(prom.query(args.expr)):
+                print(json.dumps({"labels": s.labels, "value": s.value}))
+        elif args.cmd == "stop" and Prometheus.running(bed, args.name):
+            bed.stop_component(args.name)
+    except (TestbedError, PrometheusError, ValueError) as e:
+        raise SystemExit(f"prometheus: {e}") from None
+
+
+if __name__ == "__main__":
+    main()

@@ -20,6 +20,7 @@ from slinky_testbed.prometheus import (
     parse_targets,
     render_config,
     slurmctld_job,
+    targets_to_jobs,
 )
 
 PROMTOOL = paths.bin_dir() / "promtool"
@@ -170,3 +171,15 @@ def test_targets_are_read_with_their_health_and_error() -> None:
         ("slurmctld", "down", "connection refused"),
         ("operator", "unknown", ""),
     ]
+
+
+def test_targets_given_by_hand_become_one_job_per_name() -> None:
+    jobs = targets_to_jobs(["op=127.0.0.1:1", "op=127.0.0.1:2", "b=127.0.0.1:3/m/x"])
+    assert jobs == [
+        ScrapeJob("op", ["127.0.0.1:1", "127.0.0.1:2"], paths=("/metrics",)),
+        ScrapeJob("b", ["127.0.0.1:3"], paths=("/m/x",)),
+    ]
+    with pytest.raises(ValueError, match="already scrapes /metrics"):
+        targets_to_jobs(["op=127.0.0.1:1", "op=127.0.0.1:2/other"])
+    with pytest.raises(ValueError, match="want job=host:port"):
+        targets_to_jobs(["127.0.0.1:1"])
