@@ -8,6 +8,7 @@ without error."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -17,7 +18,7 @@ import httpx2
 import pytest
 import yaml
 
-from slinky_testbed import dev_bridge
+from slinky_testbed import dev, dev_bridge
 from slinky_testbed.bed import Testbed
 from slinky_testbed.prometheus import Prometheus, PrometheusError, ScrapeJob, slurmctld_job
 from slinky_testbed.waiting import WaitTimeout, wait_for
@@ -28,6 +29,7 @@ from tests.unit.test_monitoring import (
     as_promql,
     dashboard_exprs,
     selectors,
+    slurmctld_names,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
@@ -46,7 +48,13 @@ OUTAGE_ONLY = {
 
 @pytest.fixture(scope="module")
 def bed() -> Iterator[Testbed]:
+    """A `make dev` environment of its own. With SLINKY_TESTBED_REUSE=1 one whose operator and
+    bridge still run is reused and left running."""
     bed = Testbed(worker_bed_dir("SLINKY_MONITORING_TESTBED_DIR", "monitoring"))
+    reuse = os.environ.get("SLINKY_TESTBED_REUSE") == "1"
+    if reuse and dev.operator_running(bed) and dev_bridge.running(bed):
+        yield bed
+        return
     if bed.status_lines(only_running=True):
         bed.down(log=lambda line: None)
     bed.up(real_nodes=2, kwok_nodes=2, log=lambda line: None)
@@ -60,7 +68,8 @@ def bed() -> Iterator[Testbed]:
         )
         yield bed
     finally:
-        bed.down(log=lambda line: None)
+        if not reuse:
+            bed.down(log=lambda line: None)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +81,11 @@ async def prom(bed: Testbed) -> AsyncIterator[Prometheus]:
         ScrapeJob("slurm-bridge", [f"127.0.0.1:{bridge_port}"]),
         slurmctld_job(bed.slurmctld_addr),
     ]
-    prom = Prometheus.start(bed, jobs, [ALERTS])
+    if Prometheus.running(bed):  # a reused bed
+        prom = Prometheus.attach(bed)
+        await prom.reload(jobs, [ALERTS])
+    else:
+        prom = Prometheus.start(bed, jobs, [ALERTS])
     await prom.wait_targets_up(timeout=60)
     yield prom
 
@@ -156,3 +169,16 @@ async def test_prometheus_evaluates_every_alert_rule_without_error(worked: Prome
     assert not bad, bad
     firing = [r["name"] for r in rules if r.get("state") == "firing"]
     assert not firing, f"alerts firing on a healthy test bed: {firing}"
+
+
+async def test_slurmctld_still_serves_every_metric_the_unit_tests_know(prom: Prometheus) -> None:
+    """tests/unit/data/slurmctld_metrics.txt, which the unit tests check names against, is
+    what this Slurm serves: every name there, at its path."""
+    served = {
+        (s.name, s.labels.get("metrics_path", ""))
+        for s in await prom.wait_for_series('count by (__name__, metrics_path) ({job="slurmctld"})')
+    }
+    gone = sorted(
+        f"{path} {name}" for name, path in slurmctld_names().items() if (name, path) not in served
+    )
+    assert not gone, f"slurmctld no longer serves: {gone}"

@@ -29,6 +29,7 @@ ALERTS = MONITORING / "alerts.yaml"
 ALERTS_TEST = MONITORING / "alerts_test.yaml"
 DASHBOARDS = sorted((MONITORING / "dashboards").glob("*.json"))
 PROMTOOL = paths.bin_dir() / "promtool"
+SLURMCTLD_METRICS = Path(__file__).parent / "data/slurmctld_metrics.txt"
 
 needs_promtool = pytest.mark.skipif(
     not PROMTOOL.exists(), reason=f"{PROMTOOL} not fetched (`slinky testbed build` fetches it)"
@@ -106,8 +107,21 @@ def selectors(expr: str) -> set[str]:
     return with_matchers | (metric_names(expr) - named)
 
 
+def slurmctld_names() -> dict[str, str]:
+    """Metric name -> path, of what slurmctld serves (data/slurmctld_metrics.txt)."""
+    out: dict[str, str] = {}
+    path = ""
+    for line in SLURMCTLD_METRICS.read_text().splitlines():
+        if line.startswith("/"):
+            path = line
+        elif line.startswith("  "):
+            out[line.strip()] = path
+    return out
+
+
 def exported_names() -> set[str]:
-    """Every series name the operator and the bridge can export."""
+    """Every series name the operator, the bridge, slurmctld and Prometheus itself (`up`)
+    export."""
     names: set[str] = set()
     families = list(prometheus_client.REGISTRY.collect())
     families += list(InformerObjects(types.SimpleNamespace(informers=[])).collect())  # type: ignore[arg-type]
@@ -118,7 +132,7 @@ def exported_names() -> set[str]:
             "summary": ("_count", "_sum"),
         }.get(fam.type, ("",))
         names |= {fam.name + s for s in suffixes}
-    return names | set(PARTITION_METRICS) | set(NODESET_METRICS)
+    return names | set(PARTITION_METRICS) | set(NODESET_METRICS) | set(slurmctld_names()) | {"up"}
 
 
 # ---------------------------------------------------------------- alerts
