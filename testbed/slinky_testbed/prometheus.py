@@ -3,8 +3,8 @@
 helpers to run instant queries and to wait until a query returns series.
 
 The binary is Debian sid's Prometheus 3.5 (`hack/build-prometheus.sh`, run by `slinky
-testbed build`). Its files live in `<dir>/prometheus/` (`<dir>/prometheus-<name>/` for
-another name): `prometheus.yml` and the TSDB in `data/`, emptied at each start. It listens
+testbed build`). Its files live in `<dir>/<name>/` (name `prometheus` unless given):
+`prometheus.yml` and the TSDB in `data/`, emptied at each start. It listens
 on a free loopback port, recorded in `state.json` under its name (`slinky testbed status`).
 """
 
