@@ -43,7 +43,7 @@ lock:
 		--python-version 3.11 --no-header --quiet -o $(LOCK)
 
 ## Build or reuse the cached test bed: Kubernetes binaries (control plane, kubelet, kube-proxy),
-## kwok, helm, etcd, containerd, runc, CNI plugins, CoreDNS, pause, the Slurm root; and the
+## kwok, helm, etcd, containerd, runc, CNI plugins, CoreDNS, pause, Prometheus, the Slurm root; and the
 ## JobSet and LeaderWorkerSet controllers the slurm-bridge gang tests run.
 testbed-build: venv
 	$(BIN)/slinky testbed build

@@ -15,7 +15,12 @@ from slinky_testbed.bed import Testbed, TestbedError
 
 def build() -> None:
     """Build (or find cached) everything the test bed runs."""
-    for script in ("build-slurm-root.sh", "build-kube.sh", "build-node.sh"):
+    for script in (
+        "build-slurm-root.sh",
+        "build-kube.sh",
+        "build-node.sh",
+        "build-prometheus.sh",
+    ):
         subprocess.run(["bash", str(paths.hack_dir() / script)], check=True)
 
 
@@ -30,7 +35,9 @@ def main(argv: list[str] | None = None) -> None:
         help="state directory (default $SLINKY_TESTBED_DIR or ~/.cache/slinky/testbeds/default)",
     )
     cmds = tb.add_subparsers(dest="cmd", required=True)
-    cmds.add_parser("build", help="build/cache the binaries and the Slurm root")
+    cmds.add_parser(
+        "build", help="build/cache the binaries (Prometheus included) and the Slurm root"
+    )
     up = cmds.add_parser("up", help="start the test bed")
     up.add_argument(
         "--nodes", type=int, default=2, help="real nodes (kubelet + containerd), default 2"

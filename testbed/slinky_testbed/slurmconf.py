@@ -45,6 +45,9 @@ def slurm_conf(
         "SlurmdTimeout=300",
         "MailProg=/bin/true",
         "MinJobAge=300",
+        # slurmctld's own OpenMetrics over HTTP on SlurmctldPort (/metrics/jobs, /nodes,
+        # /partitions, /scheduler, /jobs-users-accts); open to anyone without PrivateData.
+        "MetricsType=metrics/openmetrics",
         # Partitions the operator makes over REST survive slurmctld restarts and
         # reconfigures (without it, slurmctld forgets them and fails every job in them).
         "ReconfigFlags=KeepPartInfo",

@@ -21,6 +21,7 @@ from slinky.operator import main as operator_main
 from slinky.operator.autoscale.metrics import NODESET_METRICS, PARTITION_METRICS
 from slinky.operator.nodeset import partition
 from slinky_testbed import paths
+from slinky_testbed.prometheus import SLURMCTLD_METRICS_PATHS
 
 JSON = dict[str, Any]
 REPO = Path(__file__).resolve().parents[2]
@@ -587,6 +588,48 @@ def test_autoscaling_on_sizes_the_nodeset_by_a_metric_the_operator_serves(tmp_pa
     assert metric["target"] == {"type": "AverageValue", "averageValue": "1"}
 
 
+def test_slurmctld_serves_its_own_metrics_by_default_and_not_when_switched_off() -> None:
+    assert "MetricsType=metrics/openmetrics" in slurm_conf(render("slurm"))
+    assert not kinds(render("slurm"), "ServiceMonitor")
+    off = render("slurm", "controller.metrics.enabled=false")
+    assert not any(line.startswith("Metrics") for line in slurm_conf(off))
+
+
+def test_the_service_monitor_scrapes_every_slurmctld_metrics_path_on_the_controller() -> None:
+    objs = render(
+        "slurm",
+        "controller.metrics.serviceMonitor.enabled=true",
+        "controller.metrics.serviceMonitor.labels.release=prom",
+    )
+    sm = one(objs, "ServiceMonitor", "slurm-controller")
+    assert sm["metadata"]["labels"]["release"] == "prom"
+    # It selects the controller's Service, and no other Service of the release.
+    services = kinds(objs, "Service")
+    selected = [
+        svc["metadata"]["name"]
+        for svc in services
+        if sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    ]
+    assert selected == ["slurm-controller"]
+    ports = [p["name"] for p in one(objs, "Service", "slurm-controller")["spec"]["ports"]]
+    endpoints = sm["spec"]["endpoints"]
+    # The same paths the test bed's Prometheus scrapes (and verifies against slurmctld).
+    assert [e["path"] for e in endpoints] == list(SLURMCTLD_METRICS_PATHS)
+    for e in endpoints:
+        assert e["port"] in ports
+        assert e["scheme"] == "http"
+        assert {"sourceLabels": ["__metrics_path__"], "targetLabel": "metrics_path"} in e[
+            "relabelings"
+        ]
+        assert {"targetLabel": "job", "replacement": "slurmctld"} in e["relabelings"]
+    off = render(
+        "slurm",
+        "controller.metrics.enabled=false",
+        "controller.metrics.serviceMonitor.enabled=true",
+    )
+    assert not kinds(off, "ServiceMonitor")
+
+
 def test_hybrid_mode_points_the_cluster_at_an_external_slurmctld(tmp_path: Path) -> None:
     values = {
         "external": {
@@ -864,3 +907,98 @@ def test_an_upgrade_does_not_make_a_new_slurm_key_unless_asked() -> None:
         "template", "x", str(CHARTS / "slurm"), "--is-upgrade", "--set", "slurmKey.regenerate=true"
     )
     assert "jwt_hs256.key" in ok.stdout
+
+
+# ---------------------------------------------------------------- monitoring
+
+MONITORING = REPO / "config/monitoring"
+CHART_MONITORING = CHARTS / "slurm-operator/files/monitoring"
+
+
+def _monitoring_files(root: Path) -> dict[str, bytes]:
+    """alerts.yaml and the dashboards (the promtool tests stay in config/monitoring/ only)."""
+    paths = [root / "alerts.yaml", *sorted((root / "dashboards").glob("*.json"))]
+    return {str(p.relative_to(root)): p.read_bytes() for p in paths if p.exists()}
+
+
+def test_operator_chart_holds_config_monitoring_byte_for_byte() -> None:
+    ours = _monitoring_files(CHART_MONITORING)
+    source = _monitoring_files(MONITORING)
+    assert ours.keys() == source.keys(), "copy config/monitoring/ to " + str(CHART_MONITORING)
+    stale = [name for name in ours if ours[name] != source[name]]
+    assert not stale, f"copy config/monitoring/{stale[0]} to {CHART_MONITORING}/"
+
+
+def test_operator_chart_renders_no_dashboards_or_rules_unless_asked() -> None:
+    objs = render("slurm-operator")
+    assert not kinds(objs, "PrometheusRule")
+    assert not [
+        o for o in kinds(objs, "ConfigMap") if "grafana_dashboard" in o["metadata"]["labels"]
+    ]
+
+
+def test_dashboards_are_configmaps_the_grafana_sidecar_loads_unchanged() -> None:
+    objs = render(
+        "slurm-operator",
+        "monitoring.dashboards.enabled=true",
+        "monitoring.dashboards.annotations.grafana_folder=Slinky",
+        namespace="slinky-system",
+    )
+    maps = {
+        next(iter(o["data"])): o
+        for o in kinds(objs, "ConfigMap")
+        if "grafana_dashboard" in o["metadata"]["labels"]
+    }
+    dashboards = sorted((MONITORING / "dashboards").glob("*.json"))
+    assert sorted(maps) == [p.name for p in dashboards]
+    for path in dashboards:
+        cm = maps[path.name]
+        assert cm["data"] == {path.name: path.read_text()}
+        assert cm["metadata"]["namespace"] == "slinky-system"
+        assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+        assert cm["metadata"]["annotations"] == {"grafana_folder": "Slinky"}
+        assert len(cm["metadata"]["name"]) <= 63
+
+
+def test_dashboards_go_to_the_namespace_and_labels_asked() -> None:
+    objs = render(
+        "slurm-operator",
+        "monitoring.dashboards.enabled=true",
+        "monitoring.dashboards.namespace=monitoring",
+        "monitoring.dashboards.labels.grafana_dashboard=null",
+        "monitoring.dashboards.labels.dashboards=slinky",
+    )
+    maps = [o for o in kinds(objs, "ConfigMap") if o["metadata"]["namespace"] == "monitoring"]
+    assert len(maps) == len(list((MONITORING / "dashboards").glob("*.json")))
+    for cm in maps:
+        assert cm["metadata"]["labels"]["dashboards"] == "slinky"
+        assert "grafana_dashboard" not in cm["metadata"]["labels"]
+        assert "annotations" not in cm["metadata"]
+
+
+def test_alerts_are_a_prometheus_rule_with_the_rules_of_config() -> None:
+    objs = render(
+        "slurm-operator",
+        "monitoring.prometheusRule.enabled=true",
+        "monitoring.prometheusRule.labels.release=prom",
+        namespace="slinky-system",
+    )
+    rule = one(objs, "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["namespace"] == "slinky-system"
+    assert rule["metadata"]["labels"]["release"] == "prom"
+    assert rule["spec"] == yaml.safe_load((MONITORING / "alerts.yaml").read_text())
+    elsewhere = render(
+        "slurm-operator",
+        "monitoring.prometheusRule.enabled=true",
+        "monitoring.prometheusRule.namespace=monitoring",
+    )
+    assert one(elsewhere, "PrometheusRule")["metadata"]["namespace"] == "monitoring"
+
+
+def test_the_service_monitor_keeps_the_namespace_label_of_the_gauges() -> None:
+    """With honorLabels the slurm_* gauges keep `namespace` (the Cluster's or NodeSet's), which
+    the dashboards select by; else Prometheus would rename it `exported_namespace`."""
+    objs = render("slurm-operator", "metrics.serviceMonitor.enabled=true")
+    (endpoint,) = one(objs, "ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["honorLabels"] is True

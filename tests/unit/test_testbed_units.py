@@ -31,3 +31,10 @@ def test_slurm_conf_has_no_static_nodes_and_jwt_alt_auth() -> None:
     assert "AuthAltTypes=auth/jwt" in text
     assert "SlurmctldParameters=enable_configless" in text
     assert os.linesep in text
+
+
+def test_slurmctld_serves_its_own_metrics_open_to_the_test_beds_prometheus() -> None:
+    lines = slurmconf.slurm_conf(ctld_port=1, slurmd_port=2).splitlines()
+    assert "MetricsType=metrics/openmetrics" in lines
+    # PrivateData would close the endpoints to anyone but SlurmUser and root with a JWT.
+    assert not any(line.startswith("PrivateData") for line in lines)
