@@ -224,3 +224,30 @@ async def test_a_job_metric_whose_poll_failed_answers_503_not_an_old_queue() -> 
     sel = {"nodeset": "compute"}
     assert (await api(True)._nodeset("ns", "slurm_nodeset_jobs_pending", sel)).status == 200
     assert (await api(False)._nodeset("ns", "slurm_nodeset_jobs_pending", sel)).status == 503
+
+
+def test_nodeset_replicas_by_state_count_condemned_pods_and_clusters_report_ready() -> None:
+    from slinky.operator.autoscale.metrics import ObjectGauges
+
+    nodeset = {
+        "metadata": {"name": "compute", "namespace": "ns", "uid": "u1"},
+        "spec": {"replicas": 3},
+        "status": {"replicas": 3, "readyReplicas": 2, "slurmAllocated": 1, "slurmIdle": 1},
+    }
+    condemned = {"metadata": {"annotations": {"nodeset.slinky.slurm.net/condemned": "scale-in"}}}
+    pods = {"u1": [condemned, {"metadata": {}}]}
+    cluster = {
+        "metadata": {"name": "slurm", "namespace": "ns"},
+        "status": {"conditions": [{"type": "Ready", "status": "False", "reason": "Unauthorized"}]},
+    }
+    fams = {
+        f.name: f
+        for f in ObjectGauges(lambda: [nodeset], lambda: [cluster], lambda u: pods[u]).collect()
+    }
+    got = {s.labels["state"]: s.value for s in fams["slinky_nodeset_replicas"].samples}
+    assert got == {
+        "desired": 3, "current": 3, "ready": 2, "updated": 0, "condemned": 1,
+        "slurm_idle": 1, "slurm_allocated": 1, "slurm_down": 0, "slurm_drain": 0,
+    }  # fmt: skip
+    (ready,) = fams["slinky_cluster_ready"].samples
+    assert (ready.labels["reason"], ready.value) == ("Unauthorized", 0.0)

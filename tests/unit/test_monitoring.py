@@ -19,7 +19,7 @@ import yaml
 import slinky.bridge.main
 import slinky.operator.main  # noqa: F401  (registers every metric of both processes)
 from slinky.kube.informer import InformerObjects
-from slinky.operator.autoscale.metrics import NODESET_METRICS, PARTITION_METRICS
+from slinky.operator.autoscale.metrics import NODESET_METRICS, OBJECT_METRICS, PARTITION_METRICS
 from slinky_testbed import paths
 
 JSON = dict[str, Any]
@@ -132,7 +132,8 @@ def exported_names() -> set[str]:
             "summary": ("_count", "_sum"),
         }.get(fam.type, ("",))
         names |= {fam.name + s for s in suffixes}
-    return names | set(PARTITION_METRICS) | set(NODESET_METRICS) | set(slurmctld_names()) | {"up"}
+    ours = {*PARTITION_METRICS, *NODESET_METRICS, *OBJECT_METRICS}
+    return names | ours | set(slurmctld_names()) | {"up"}
 
 
 # ---------------------------------------------------------------- alerts

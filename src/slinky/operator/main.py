@@ -18,13 +18,15 @@ from slinky import __version__, process
 from slinky.kube import events, flags, rest
 from slinky.kube.controller import Controller, run_all
 from slinky.kube.informer import InformerFactory, InformerObjects
+from slinky.kube.store import BY_OWNER_UID
 from slinky.operator.autoscale import extapi
-from slinky.operator.autoscale.metrics import Gauges, SlurmMetrics
+from slinky.operator.autoscale.metrics import Gauges, ObjectGauges, SlurmMetrics
 from slinky.operator.clients import ClusterClients
 from slinky.operator.cluster import controller as cluster_controller
 from slinky.operator.cluster.sync import Options
 from slinky.operator.nodeset import controller as nodeset_controller
-from slinky.operator.resources import NODESETS
+from slinky.operator.nodeset import pods as pod_fields
+from slinky.operator.resources import CLUSTERS, NODESETS
 
 log = logging.getLogger("slurm-operator")
 
@@ -158,6 +160,15 @@ class Operator:
         REGISTRY.register(self.gauges)
         self.cached = InformerObjects(self.factory)
         REGISTRY.register(self.cached)
+        pods = self.factory.shared(
+            rest.PODS, label_selector=nodeset_controller.MANAGED, transform=pod_fields.slim
+        )
+        self.objects = ObjectGauges(
+            nodesets.objects,
+            self.factory.shared(CLUSTERS).objects,
+            lambda uid: pods.by_index(BY_OWNER_UID, uid),
+        )
+        REGISTRY.register(self.objects)
         if self.args.metrics_api_bind_address not in ("", "0"):
             ca = self.args.metrics_api_client_ca_file
             self.metrics_api = extapi.MetricsAPI(
@@ -235,6 +246,7 @@ class Operator:
                 await self.metrics_api.stop_serving()
             REGISTRY.unregister(self.gauges)
             REGISTRY.unregister(self.cached)
+            REGISTRY.unregister(self.objects)
             await self.server.stop()
             await self.kube.close()
         log.info("slurm-operator stopped")

@@ -36,6 +36,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from slinky.operator.clients import ClusterClients
+from slinky.operator.nodeset.builder import ANNOTATION_CONDEMNED
 from slinky.operator.nodeset.partition import ANNOTATION_PARTITION
 from slinky.slurm.informer import SlurmInformer
 from slinky.slurm.models import Job, Node, csv
@@ -214,6 +215,81 @@ class Gauges(Collector):
                     fam.add_metric([ns, name], nodeset_value(found, obj, m))
         yield from part.values()
         yield from nset.values()
+
+
+NODESET_REPLICAS = "slinky_nodeset_replicas"
+CLUSTER_READY = "slinky_cluster_ready"
+OBJECT_METRICS = (NODESET_REPLICAS, CLUSTER_READY)
+# state label of slinky_nodeset_replicas -> where the number is (spec, or status field).
+REPLICA_STATES = {
+    "desired": ("spec", "replicas"),
+    "current": ("status", "replicas"),
+    "ready": ("status", "readyReplicas"),
+    "updated": ("status", "updatedReplicas"),
+    "slurm_idle": ("status", "slurmIdle"),
+    "slurm_allocated": ("status", "slurmAllocated"),
+    "slurm_down": ("status", "slurmDown"),
+    "slurm_drain": ("status", "slurmDrain"),
+}
+PodsOf = Callable[[str], Iterable[JSON]]
+
+
+def replica_counts(obj: JSON, pods_of: PodsOf) -> dict[str, int]:
+    """A NodeSet's numbers as `kubectl get nodesets` shows them, and its condemned pods
+    (chosen for scale-in, update or deletion: draining, or waiting for their jobs)."""
+    counts = {
+        state: int((obj.get(part) or {}).get(field) or 0)
+        for state, (part, field) in REPLICA_STATES.items()
+    }
+    counts["desired"] = int((obj.get("spec") or {}).get("replicas", 1) or 0)
+    uid = str(obj["metadata"].get("uid") or "")
+    counts["condemned"] = sum(
+        1
+        for p in pods_of(uid)
+        if ((p.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_CONDEMNED)
+    )
+    return counts
+
+
+class ObjectGauges(Collector):
+    """NodeSets' replicas by state and each Cluster's readiness, from the operator's caches
+    (what dashboards and alerts need beside Slurm's own metrics)."""
+
+    def __init__(self, nodesets: NodeSetLister, clusters: NodeSetLister, pods_of: PodsOf) -> None:
+        self.nodesets = nodesets
+        self.clusters = clusters
+        self.pods_of = pods_of
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        replicas = GaugeMetricFamily(
+            NODESET_REPLICAS,
+            "NodeSet replicas by state: desired, current, ready, updated, condemned (being "
+            "drained or waiting for jobs before deletion), slurm_idle/allocated/down/drain",
+            labels=["namespace", "nodeset", "state"],
+        )
+        for obj in self.nodesets():
+            meta = obj["metadata"]
+            for state, value in replica_counts(obj, self.pods_of).items():
+                replicas.add_metric([meta["namespace"], meta["name"], state], value)
+        ready = GaugeMetricFamily(
+            CLUSTER_READY,
+            "1 while the Cluster's Ready condition is True, else 0; reason: the condition's",
+            labels=["namespace", "cluster", "reason"],
+        )
+        for obj in self.clusters():
+            meta = obj["metadata"]
+            cond: JSON = next(
+                (
+                    c
+                    for c in (obj.get("status") or {}).get("conditions") or []
+                    if c.get("type") == "Ready"
+                ),
+                {},
+            )
+            ok = 1.0 if cond.get("status") == "True" else 0.0
+            ready.add_metric([meta["namespace"], meta["name"], str(cond.get("reason") or "")], ok)
+        yield replicas
+        yield ready
 
 
 def is_job_metric(metric: str) -> bool:
