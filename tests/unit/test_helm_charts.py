@@ -1002,3 +1002,16 @@ def test_the_service_monitor_keeps_the_namespace_label_of_the_gauges() -> None:
     objs = render("slurm-operator", "metrics.serviceMonitor.enabled=true")
     (endpoint,) = one(objs, "ServiceMonitor")["spec"]["endpoints"]
     assert endpoint["honorLabels"] is True
+
+
+def test_the_bridge_pods_get_a_pod_monitor_on_request() -> None:
+    assert not kinds(render("slurm-bridge"), "PodMonitor")
+    objs = render("slurm-bridge", "podMonitor.enabled=true", "podMonitor.labels.release=kps")
+    pm = one(objs, "PodMonitor")
+    assert pm["metadata"]["labels"]["release"] == "kps"
+    (endpoint,) = pm["spec"]["podMetricsEndpoints"]
+    assert (endpoint["port"], endpoint["honorLabels"]) == ("metrics", True)
+    selector = pm["spec"]["selector"]["matchLabels"]
+    for deployment in kinds(objs, "Deployment"):
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert selector.items() <= labels.items(), deployment["metadata"]["name"]
