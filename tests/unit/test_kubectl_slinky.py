@@ -64,13 +64,21 @@ def job(
         "time_limit": {"set": limit is not None, "number": limit or 0, "infinite": limit is None},
         "end_time": {"set": True, "number": int(NOW + 60 * minutes_left)} if minutes_left else {},
         "state_reason": "Resources" if state == "PENDING" else "None",
+        "admin_comment": json.dumps({"scheduler": "s", "pods": ["apps/web"], "uids": ["w1"]})
+        if partition == "bridge"
+        else "",
     }
     return Job.parse(raw)
 
 
 def world() -> World:
     nodeset = {
-        "metadata": {"name": "compute", "namespace": NS, "uid": "u1"},
+        "metadata": {
+            "name": "compute",
+            "namespace": NS,
+            "uid": "u1",
+            "annotations": {"nodeset.slinky.slurm.net/partition": "compute"},
+        },
         "spec": {
             "clusterName": "slurm",
             "replicas": 3,
@@ -119,6 +127,7 @@ def world() -> World:
         "metadata": {
             "name": "web",
             "namespace": "apps",
+            "uid": "w1",
             "labels": {"scheduler.slinky.slurm.net/slurm-jobid": "20"},
             "annotations": {"slurmjob.slinky.slurm.net/timelimit": "5"},
         },
@@ -257,3 +266,42 @@ def test_flags_are_kubectls() -> None:
         0,
         True,
     )
+
+
+def test_flags_before_the_subcommand_count_too() -> None:
+    args = build_parser().parse_args(["-n", "foo", "--kubeconfig", "k", "-o", "json", "status"])
+    assert (args.namespace, args.kubeconfig, args.output) == ("foo", "k", "json")
+    args = build_parser().parse_args(["plan", "-n", "foo", "scale", "compute", "1"])
+    assert args.namespace == "foo"
+
+
+def test_a_bridge_pods_job_id_in_another_slurm_is_not_its_job() -> None:
+    w = world()
+    w.slurm["slurm/slurm"].jobs[20].raw["admin_comment"] = json.dumps(
+        {"scheduler": "s", "pods": ["apps/other"], "uids": ["x"]}
+    )
+    entry = status.bridge_entry(w, w.pods[3])
+    assert entry["jobState"] == "not found in Slurm" and entry["jobReason"] is None
+
+
+def test_plan_rollout_follows_the_update_strategy_and_pending_scale_in() -> None:
+    w = world()
+    w.nodesets[0]["spec"]["updateStrategy"] = {"type": "OnDelete"}
+    new = {
+        "kind": "NodeSet",
+        "spec": {"template": {"spec": {"containers": [{"name": "slurmd", "image": "y"}]}}},
+    }
+    data = plan.plan_rollout(w, "compute", new)
+    assert data["steps"] == [] and "OnDelete" in data["notes"][0]
+    w = world()
+    w.nodesets[0]["spec"]["replicas"] = 2
+    data = plan.plan_rollout(w, "compute", new)
+    assert data["steps"] == [] and "scale-in runs first" in data["notes"][0]
+
+
+def test_plan_delete_says_a_queued_job_larger_than_the_nodeset_blocks_it() -> None:
+    w = world()
+    w.slurm["slurm/slurm"].jobs[9] = job(9, "", state="PENDING", minutes_left=None, count=5)
+    data = plan.plan_delete(w, "compute")
+    assert data["completesAt"] is None
+    assert any("more nodes than the NodeSet has" in n for n in data["notes"])

@@ -152,21 +152,21 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     deployments = [d for d in args.deployments.split(",") if d]
 
-    async def go() -> None:
-        kube = rest.Kube.from_kubeconfig(args.kubeconfig)
+    async def go() -> int:
+        try:
+            kube = rest.Kube.from_kubeconfig(args.kubeconfig)
+        except ValueError as e:
+            print(f"cannot start: {e}", file=sys.stderr)
+            return 2
         try:
             if deployments:
                 await stop_bridge(kube, args.namespace, deployments, args.pods_selector)
             await run(kube, args.scheduler_name)
         finally:
             await kube.close()
+        return 0
 
-    try:
-        asyncio.run(go())
-    except ValueError as e:
-        print(f"cannot start: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return asyncio.run(go())
 
 
 if __name__ == "__main__":

@@ -127,12 +127,14 @@ class Kube:
         """From a kubeconfig file, else $KUBECONFIG / in-cluster service account."""
         try:
             config = (KubeConfig.from_file(path) if path else KubeConfig.from_env()).get()
-        except lightkube_errors.ConfigError as e:
-            raise ValueError(f"kubeconfig: {e}") from None
-        if config is None:
-            raise ValueError(f"kubeconfig {path or '$KUBECONFIG'} has no current context")
-        params = client_adapter.ConnectionParams(timeout=httpx2.Timeout(timeout), trust_env=False)
-        kwargs = params.httpx_params(config)
+            if config is None:
+                raise ValueError(f"kubeconfig {path or '$KUBECONFIG'} has no current context")
+            params = client_adapter.ConnectionParams(
+                timeout=httpx2.Timeout(timeout), trust_env=False
+            )
+            kwargs = params.httpx_params(config)
+        except (lightkube_errors.ConfigError, AssertionError) as e:
+            raise ValueError(f"kubeconfig: {e or 'no user in the current context'}") from None
         kwargs["limits"] = httpx2.Limits(max_connections=100, max_keepalive_connections=20)
         return cls(httpx2.AsyncClient(**kwargs), config)
 

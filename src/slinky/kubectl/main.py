@@ -31,24 +31,41 @@ from slinky.kubectl.world import World, gather
 from slinky.types import JSON
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _common(defaults: bool) -> argparse.ArgumentParser:
+    """kubectl's flags; given before or after the subcommand. The subcommands' copies have
+    no defaults of their own, so a flag before the subcommand is not overwritten."""
+
+    def d(value: object) -> object:
+        return value if defaults else argparse.SUPPRESS
+
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--kubeconfig", default=None, help="kubeconfig file (default $KUBECONFIG)")
     common.add_argument(
-        "-n", "--namespace", default=None, help="namespace (default: the context's)"
+        "--kubeconfig", default=d(None), help="kubeconfig file (default $KUBECONFIG)"
     )
     common.add_argument(
-        "-A", "--all-namespaces", action="store_true", help="every namespace (status only)"
+        "-n", "--namespace", default=d(None), help="namespace (default: the context's)"
     )
-    common.add_argument("-o", "--output", choices=["text", "json"], default="text")
-    common.add_argument("--no-color", action="store_true", help="no colour even on a terminal")
     common.add_argument(
-        "--slurm-server", default=None, help="slurmrestd URL to use instead of spec.server"
+        "-A", "--all-namespaces", action="store_true", default=d(False), help="every namespace"
     )
+    common.add_argument("-o", "--output", choices=["text", "json"], default=d("text"))
+    common.add_argument(
+        "--no-color", action="store_true", default=d(False), help="no colour even on a terminal"
+    )
+    common.add_argument(
+        "--slurm-server",
+        default=d(None),
+        help="slurmrestd URL to use instead of the Cluster's spec.server (one Cluster only)",
+    )
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    top, common = _common(True), _common(False)
     p = argparse.ArgumentParser(
         prog="kubectl slinky",
         description="Slurm on Kubernetes, joined: status, plans and explanations",
-        parents=[common],
+        parents=[top],
     )
     sub = p.add_subparsers(dest="command", required=True)
     st = sub.add_parser("status", parents=[common], help="NodeSets, pods, Slurm nodes, jobs")

@@ -21,6 +21,7 @@ from slinky.kubectl.world import SlurmSide, World
 from slinky.operator.autoscale.metrics import nodeset_partition
 from slinky.operator.clients import Connection
 from slinky.operator.nodeset import pods, scalein, sync, update
+from slinky.operator.nodeset.partition import claimed_by, runs_first
 from slinky.operator.nodeset.view import View
 from slinky.slurm.informer import SlurmInformer
 from slinky.slurm.models import Job
@@ -166,22 +167,34 @@ def plan_delete(world: World, name: str) -> JSON:
     plan["notes"] = []
     steps = [step(view, side, p, now, now) for p in view.active.values()]
     queued: list[Job] = []
-    if view.spec.partition is not None and view.spec.partition.enabled:
-        partition = nodeset_partition(nodeset)
-        queued = side.queued_in(partition)
+    partition = claimed_by(nodeset)  # the operator deletes only a partition it made
+    if partition is not None:
+        queued = sorted(
+            (j for j in side.jobs.values() if runs_first(j, partition)), key=lambda j: j.job_id
+        )
         plan["notes"].append(
             f"partition {partition} is set DRAIN first: new jobs are refused, the "
             f"{len(queued)} queued run before the pods go; then it is deleted"
         )
     plan["queued"] = [job_entry(j, now) for j in queued]
     if queued and steps:
-        _run_queued(steps, queued, now)
+        too_big = _run_queued(steps, queued, now)
+        if too_big:
+            ids = ", ".join(str(j.job_id) for j in too_big)
+            plan["notes"].append(
+                f"jobs {ids} ask for more nodes than the NodeSet has: the deletion waits "
+                "until they are cancelled (or annotate the NodeSet to skip the drain)"
+            )
+            for s in steps:
+                s["goesAt"] = s["goesIn"] = None
     return _finish(plan, steps, now)
 
 
-def _run_queued(steps: list[JSON], queued: list[Job], now: float) -> None:
+def _run_queued(steps: list[JSON], queued: list[Job], now: float) -> list[Job]:
     """Place the queued jobs on the nodes as they free (earliest first) and push each node's
-    departure past the jobs placed on it. None stays None (no limit: unknown)."""
+    departure past the jobs placed on it. None stays None (no limit: unknown). Returns the
+    jobs that never fit on these nodes (the deletion waits for them for ever)."""
+    too_big: list[Job] = []
     free = [
         (s["goesAt"] if s["goesAt"] is not None else float("inf"), i) for i, s in enumerate(steps)
     ]
@@ -189,7 +202,8 @@ def _run_queued(steps: list[JSON], queued: list[Job], now: float) -> None:
     for job in queued:
         count = max(1, job.node_count or 1)
         if count > len(steps):
-            continue  # never fits on these nodes alone
+            too_big.append(job)
+            continue
         taken = [heapq.heappop(free) for _ in range(count)]
         start = max(t for t, _ in taken)
         limit = job.time_limit_min
@@ -199,6 +213,7 @@ def _run_queued(steps: list[JSON], queued: list[Job], now: float) -> None:
     for end, i in free:
         steps[i]["goesAt"] = None if end == float("inf") else end
         steps[i]["goesIn"] = None if end == float("inf") else max(0, int(end - now))
+    return too_big
 
 
 def plan_rollout(world: World, name: str, new_nodeset: JSON | None = None) -> JSON:
@@ -221,15 +236,31 @@ def plan_rollout(world: World, name: str, new_nodeset: JSON | None = None) -> JS
         "queued": [],
         "notes": [],
     }
-    ru = spec.update_strategy.rolling_update
+    strategy = spec.update_strategy
+    plan["from"] = plan["to"] = len(view.active)
+    if strategy.type != "RollingUpdate":
+        plan["notes"].append(
+            f"updateStrategy {strategy.type}: the operator replaces no pod; each goes when "
+            "deleted by hand (it drains first)"
+        )
+        return _finish(plan, [], now)
+    if len(view.active) > spec.replicas:
+        plan["notes"].append(
+            f"{len(view.active) - spec.replicas} pods more than replicas: the scale-in runs "
+            "first (kubectl slinky plan scale), the update after it"
+        )
+        return _finish(plan, [], now)
+    ru = strategy.rolling_update
     first = ru.partition if ru and ru.partition else 0
+    in_progress = [p for p in view.active.values() if pods.condemned(p) == scalein.CONDEMNED_UPDATE]
     old = [
         p
         for p in view.active.values()
-        if pods.revision_of(p) != view.revision and view.ordinal(p) >= first
+        if pods.revision_of(p) != view.revision
+        and view.ordinal(p) >= first
+        and pods.condemned(p) is None
     ]
-    plan["from"] = plan["to"] = len(view.active)
-    if not old:
+    if not old and not in_progress:
         plan["notes"].append(f"every pod is at revision {view.revision}: nothing to replace")
         return _finish(plan, [], now)
     nowdt = dt.datetime.fromtimestamp(now, dt.UTC)
@@ -243,17 +274,22 @@ def plan_rollout(world: World, name: str, new_nodeset: JSON | None = None) -> JS
     ordered = scalein.victims(scalein.candidates(view, old), len(old))
     chosen, held = update.choose(ordered, allowed, is_available, nowdt)
     plan["maxUnavailable"] = slots
-    # The first wave as the operator decides it now; then each freed slot (a replaced pod
-    # registered again) takes the next pod in the same order.
-    steps = [step(view, side, p, now, now) | {"wave": 1} for p in chosen]
+    # Draining already (wave 0) and the first wave as the operator decides it now; each
+    # freed slot (a replacement registered) then takes the next pod in the same order. A
+    # slot held by another unavailable pod frees when that pod is back: unknown, so the
+    # later waves are spread over the slots the first wave could use.
+    steps = [step(view, side, p, now, now) | {"wave": 0} for p in in_progress]
+    steps += [step(view, side, p, now, now) | {"wave": 1} for p in chosen]
     in_flight = [
         (s["goesAt"] + POD_START_S if s["goesAt"] is not None else float("inf")) for s in steps
     ]
     heapq.heapify(in_flight)
+    capacity = max(1, len(in_flight), allowed + len(in_progress))
+    chosen_names = {pods.name(p) for p in chosen}
     for c in ordered:
-        if c.pod in chosen:
+        if pods.name(c.pod) in chosen_names:
             continue
-        start = heapq.heappop(in_flight) if len(in_flight) >= max(1, slots) else now
+        start = heapq.heappop(in_flight) if len(in_flight) >= capacity else now
         if start == float("inf"):
             s = step(view, side, c.pod, now, now) | {"goesAt": None, "goesIn": None}
         else:

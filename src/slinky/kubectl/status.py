@@ -138,7 +138,7 @@ def bridge_entry(world: World, pod: JSON) -> JSON:
     meta = pod["metadata"]
     label = (meta.get("labels") or {}).get(BRIDGE_JOBID_LABEL)
     job_id = int(label) if label and label.isdigit() else None
-    found = world.find_job(job_id) if job_id is not None else None
+    found = world.find_placeholder(job_id, pod) if job_id is not None else None
     job = found[1] if found else None
     scheduled = condition(pod, "PodScheduled")
     return {
@@ -147,7 +147,7 @@ def bridge_entry(world: World, pod: JSON) -> JSON:
         "phase": "Terminating" if meta.get("deletionTimestamp") else podfacts.phase(pod),
         "kubeNode": podfacts.node_name(pod),
         "jobId": job_id,
-        "jobState": "+".join(job.state) if job else ("unknown to Slurm" if job_id else None),
+        "jobState": "+".join(job.state) if job else ("not found in Slurm" if job_id else None),
         "jobNodes": job.nodes if job else None,
         "jobReason": job.state_reason if job and job.state_reason not in ("", "None") else None,
         "unscheduledReason": (

@@ -9,7 +9,6 @@ from slinky.kube import rest
 from slinky.kubectl import render, status
 from slinky.kubectl.render import Style
 from slinky.kubectl.world import BRIDGE_JOBID_LABEL, World, is_bridge_pod
-from slinky.operator.autoscale.metrics import nodeset_partition
 from slinky.operator.nodeset.builder import LABEL_NODESET
 from slinky.types import JSON
 
@@ -145,7 +144,7 @@ def explain_nodeset(world: World, nodeset: JSON, events: list[JSON]) -> JSON:
             f"partition {entry['partition']}: {entry['queued']} jobs queued (what the "
             "slurm_nodeset_jobs_pending* metrics count)"
         )
-    if nodeset_partition(nodeset) and not entry["partition"]:
+    if not entry["partition"]:
         lines.append("spec.partition is not enabled: no queue of its own to scale from")
     warnings = [e for e in events if e.get("type") == "Warning"]
     if warnings:

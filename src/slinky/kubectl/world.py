@@ -11,6 +11,7 @@ from typing import Any, cast
 
 from slinky.api.schema import ParseError, parse
 from slinky.api.v1alpha1.cluster import ClusterSpec
+from slinky.bridge.placeholder import read_comment
 from slinky.kube import rest
 from slinky.operator.cluster.sync import ConfigProblem, Options, resolve_auth
 from slinky.operator.nodeset.builder import LABEL_NODESET
@@ -22,6 +23,7 @@ from slinky.types import JSON
 
 SLURM_TIMEOUT_S = 10.0
 BRIDGE_JOBID_LABEL = "scheduler.slinky.slurm.net/slurm-jobid"
+BRIDGE_SCHEDULER = "slurm-bridge-scheduler"  # the bridge's default schedulerName
 
 
 @dataclass
@@ -88,10 +90,19 @@ class World:
         cluster = (nodeset.get("spec") or {}).get("clusterName")
         return self.slurm.get(f"{nodeset['metadata']['namespace']}/{cluster}")
 
-    def find_job(self, job_id: int) -> tuple[SlurmSide, Job] | None:
+    def find_placeholder(self, job_id: int, pod: JSON) -> tuple[SlurmSide, Job] | None:
+        """The pod's placeholder job in one of the Slurms read: job ids are unique within
+        one Slurm only, so the job's admin_comment must name the pod (its UID, or its
+        key when the bridge recorded no UID)."""
+        meta = pod["metadata"]
+        key, uid = f"{meta['namespace']}/{meta['name']}", str(meta.get("uid") or "")
         for side in self.slurm.values():
-            if job_id in side.jobs:
-                return side, side.jobs[job_id]
+            job = side.jobs.get(job_id)
+            if job is None:
+                continue
+            comment = read_comment(str(job.raw.get("admin_comment") or ""))
+            if comment is not None and key in comment.pods and comment.pods[key] in ("", uid):
+                return side, job
         return None
 
 
@@ -154,24 +165,27 @@ async def gather(
     kube: rest.Kube, namespace: str | None, *, slurm_server: str | None = None
 ) -> World:
     """Everything the commands join, read once."""
-    clusters, nodesets, pods, nodes, hpas = await asyncio.gather(
+    clusters, nodesets, slurmd_pods, placed, scheduled, nodes, hpas = await asyncio.gather(
         _items(kube, CLUSTERS, namespace),
         _items(kube, NODESETS, namespace),
-        _items(kube, rest.PODS, namespace),
-        _items(kube, rest.NODES, None),
+        _items(kube, rest.PODS, namespace, labels=LABEL_NODESET),
+        _items(kube, rest.PODS, namespace, labels=BRIDGE_JOBID_LABEL),
+        _items(kube, rest.PODS, namespace, fields=f"spec.schedulerName={BRIDGE_SCHEDULER}"),
+        _items(kube, rest.NODES, None, optional=True),
         _items(kube, rest.HPAS, namespace, optional=True),
     )
-    wanted = [
-        p
-        for p in pods
-        if (p["metadata"].get("labels") or {}).get(LABEL_NODESET) or is_bridge_pod(p)
-    ]
+    by_uid = {str(p["metadata"]["uid"]): p for p in (*slurmd_pods, *placed, *scheduled)}
+    if slurm_server and len(clusters) > 1:
+        raise ValueError(
+            f"--slurm-server: {len(clusters)} Clusters are read; name one (`status CLUSTER`, "
+            "-n NAMESPACE) or leave the flag out"
+        )
     sides = await asyncio.gather(*(read_slurm(kube, c, server=slurm_server) for c in clusters))
     return World(
         namespace=namespace,
         clusters=clusters,
         nodesets=nodesets,
-        pods=wanted,
+        pods=list(by_uid.values()),
         kube_nodes={n["metadata"]["name"]: n for n in nodes},
         hpas=hpas,
         slurm={s.cluster: s for s in sides},
@@ -179,12 +193,21 @@ async def gather(
 
 
 async def _items(
-    kube: rest.Kube, res: rest.Resource, namespace: str | None, *, optional: bool = False
+    kube: rest.Kube,
+    res: rest.Resource,
+    namespace: str | None,
+    *,
+    labels: str | None = None,
+    fields: str | None = None,
+    optional: bool = False,
 ) -> list[JSON]:
+    """One list (by selector where one fits); `optional`: not allowed or not served is
+    nothing, not an error."""
+    params = {k: v for k, v in (("labelSelector", labels), ("fieldSelector", fields)) if v}
     try:
-        data = await kube.list(res, namespace)
+        data = await kube.list(res, namespace, params=params or None)
     except rest.ApiError as e:
-        if optional or e.not_found:
+        if e.not_found or (optional and e.code in (401, 403)):
             return []
         raise
     return list(data.get("items") or [])

@@ -82,17 +82,17 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     async def go() -> int:
-        kube = rest.Kube.from_kubeconfig(args.kubeconfig)
+        try:
+            kube = rest.Kube.from_kubeconfig(args.kubeconfig)
+        except ValueError as e:
+            print(f"cannot start: {e}", file=sys.stderr)
+            return 2
         try:
             return await run(kube, timeout=args.timeout)
         finally:
             await kube.close()
 
-    try:
-        return asyncio.run(go())
-    except ValueError as e:
-        print(f"cannot start: {e}", file=sys.stderr)
-        return 2
+    return asyncio.run(go())
 
 
 if __name__ == "__main__":

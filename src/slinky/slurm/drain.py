@@ -51,7 +51,7 @@ async def live(slurm: Slurm, name: str) -> Node | None:
         return None
     except errors.SlurmError as e:
         log.info("slurm node %s: cannot read it live (%s); not writing", name, e)
-        raise CannotRead(str(e), status=e.status, errors=e.errors, endpoint=e.endpoint) from None
+        raise CannotRead(f"cannot read node {name} live: {e}", status=e.status) from e
 
 
 async def drain(

@@ -328,7 +328,9 @@ class MetricsAPI(BackgroundLoop):
         items = []
         for key in keys:
             stats = self.metrics.cluster(key)
-            if stats is not None and (not stats.jobs_known or key in stale):
+            if stats is not None and (
+                not stats.jobs_known or (key in stale and name in stats.partitions)
+            ):
                 return status(
                     503,
                     "ServiceUnavailable",

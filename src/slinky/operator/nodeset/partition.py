@@ -39,7 +39,7 @@ from slinky.kube import conditions, events, rest
 from slinky.operator.nodeset.view import Context, View
 from slinky.operator.resources import NODESETS
 from slinky.slurm import errors
-from slinky.slurm.models import csv, expand_hostlist
+from slinky.slurm.models import Job, csv, expand_hostlist
 from slinky.types import JSON
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,22 @@ NOT_RUNNING_SOON = frozenset(
 )
 CONDITION = "PartitionReady"
 RETRY_S = 10.0  # after an error: Slurm unreachable, refused, or a conflict resolved by hand
+
+
+def claimed_by(nodeset: JSON) -> str | None:
+    """The partition name this NodeSet claimed (made, or is making), if any."""
+    name = (nodeset["metadata"].get("annotations") or {}).get(ANNOTATION_PARTITION)
+    return str(name) if name else None
+
+
+def runs_first(job: Job, partition: str) -> bool:
+    """A job queued in `partition` that a deletion of its NodeSet lets run first: pending,
+    and not held or waiting for a begin time or a dependency that never comes."""
+    return (
+        job.is_pending
+        and job.state_reason not in NOT_RUNNING_SOON
+        and partition in csv(job.partition)
+    )
 
 
 class PartitionConfigError(ValueError):
@@ -244,10 +260,7 @@ class Partitions:
         self._seen: set[tuple[str, str]] = set()
 
     def claimed(self, view: View) -> str | None:
-        """The partition name this NodeSet claimed, if any."""
-        ann = view.obj["metadata"].get("annotations") or {}
-        name = ann.get(ANNOTATION_PARTITION)
-        return str(name) if name else None
+        return claimed_by(view.obj)
 
     async def sync(self, ctx: Context, view: View) -> Outcome | None:
         """Create or update the partition (enabled), or delete ours (disabled)."""
@@ -397,11 +410,7 @@ class Partitions:
             jobs, _ = await client.list_jobs()  # only while a deletion waits
         except errors.SlurmError as e:
             return f"cannot read the jobs queued in partition {name} ({e}); retrying"
-        queued = sorted(
-            j.job_id
-            for j in jobs or []
-            if j.is_pending and j.state_reason not in NOT_RUNNING_SOON and name in csv(j.partition)
-        )
+        queued = sorted(j.job_id for j in jobs or [] if runs_first(j, name))
         if not queued:
             return None
         shown_ids = ", ".join(map(str, queued[:10])) + (" ..." if len(queued) > 10 else "")
