@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
+import json
 import re
 import sys
 import uuid
@@ -30,6 +31,7 @@ from slinky.bridge.labels import (
 )
 from slinky.bridge.nodes.registration import registered_for
 from slinky.kube import conditions, rest
+from slinky.operator.resources import CLUSTERS
 from slinky.slurm.models import Job
 from slinky_testbed import nodes
 from slinky_testbed.waiting import wait_for
@@ -43,6 +45,7 @@ from tests.e2e.bridge_fixtures import (
     wait_ready,
     wait_slurm_node,
 )
+from tests.e2e.operator_fixtures import cluster, secret
 
 pytestmark = pytest.mark.e2e
 
@@ -332,12 +335,35 @@ async def test_deleting_a_pending_pod_cancels_its_job(bridge: BridgeEnv, managed
         await env.slurm.cancel_job(holder)
 
 
+async def kubectl_slinky(env: BridgeEnv, *args: str) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "slinky.kubectl.main",
+        *args,
+        f"--kubeconfig={env.testbed.kubeconfig}",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    return out.decode()
+
+
 async def test_kubectl_slinky_why_a_pending_bridge_pod_gives_slurms_reason(
-    bridge: BridgeEnv, managed_node: str
+    bridge: BridgeEnv, managed_node: str, crds: None
 ) -> None:
     env, ns = bridge, bridge.managed_namespace
     name = f"why-{uuid.uuid4().hex[:6]}"
     holder = await env.submit_placeholder(managed_node)
+    # A Cluster naming the bridge's Slurm, so that status reads it (no operator needed).
+    key = env.testbed.jwt_key_path.read_bytes()
+    await env.kube.create(rest.SECRETS, secret("why-jwt", **{"jwt_hs256.key": key}), ns)
+    await env.kube.create(
+        CLUSTERS,
+        cluster("why", env.testbed.slurm_rest_url, username="root", jwtKeyRef={"name": "why-jwt"}),
+        ns,
+    )
     try:
         await env.kube.create(rest.PODS, workload_pod(name, ["sleep", "600"]), ns)
         waiting = await pod_where(
@@ -352,24 +378,20 @@ async def test_kubectl_slinky_why_a_pending_bridge_pod_gives_slurms_reason(
             "PodScheduled=False SlurmJobPending with Slurm's reason",
         )
         job = await env.slurm.get_job(job_id(waiting))
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "slinky.kubectl.main",
-            "why",
-            name,
-            f"--kubeconfig={env.testbed.kubeconfig}",
-            f"--namespace={ns}",
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await asyncio.wait_for(proc.communicate(), 60)
-        assert proc.returncode == 0, err.decode()
-        text = out.decode()
+        text = await kubectl_slinky(env, "why", name, f"--namespace={ns}")
         assert f"Slurm job {job.job_id} is PENDING ({job.state_reason})" in text, text
+        # status joins the pod with its placeholder job as Slurm has it
+        data = json.loads(await kubectl_slinky(env, "status", "-n", ns, "-o", "json"))
+        (entry,) = [b for b in data["bridgePods"] if b["name"] == name]
+        job = await env.slurm.get_job(job.job_id)
+        assert (entry["jobId"], entry["jobState"]) == (job.job_id, "+".join(job.state))
+        assert entry["jobReason"] == job.state_reason
+        assert entry["phase"] == "Pending" and entry["kubeNode"] is None
     finally:
         with contextlib.suppress(rest.ApiError):
             await env.kube.delete(rest.PODS, name, ns)
+        with contextlib.suppress(rest.ApiError):
+            await env.kube.delete(CLUSTERS, "why", ns)
         await env.slurm.cancel_job(holder)
 
 
