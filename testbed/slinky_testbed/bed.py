@@ -714,6 +714,17 @@ class Testbed:
         logged to logs/<name>.log and stopped by `down` like the rest."""
         self._spawn(self.load(), name, argv, env=env)
 
+    def remove_extra(self, name: str) -> None:
+        """Stop a process `spawn_extra` started and forget it: one left in the state stopped
+        would read as a crash to every later wait (`_wait`: "exited while waiting")."""
+        state = self.load()
+        entry = state.pids.pop(name, None)
+        if entry is not None:
+            left = procs.stop_all([procs.Proc(entry[0], entry[1])], grace=10)
+            if left:
+                raise TestbedError(f"{name} (pid {entry[0]}) did not stop")
+        self.save(state)
+
     def stop_component(self, name: str) -> None:
         """Stop one component (e.g. `apiserver`, `slurmrestd`) to test recovery."""
         state = self.load()

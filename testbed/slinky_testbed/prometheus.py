@@ -395,7 +395,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             for s in asyncio.run(prom.query(args.expr)):
                 print(json.dumps({"labels": s.labels, "value": s.value}))
         elif args.cmd == "stop" and Prometheus.running(bed, args.name):
-            bed.stop_component(args.name)
+            bed.remove_extra(args.name)
     except (TestbedError, PrometheusError, ValueError) as e:
         raise SystemExit(f"prometheus: {e}") from None
 

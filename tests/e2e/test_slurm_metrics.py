@@ -18,11 +18,10 @@ NAME = "prometheus-e2e"
 
 @pytest.fixture(scope="module")
 def prometheus(testbed: Testbed) -> Iterator[Prometheus]:
-    if Prometheus.running(testbed, NAME):  # left by a run on a reused test bed
-        testbed.stop_component(NAME)
+    testbed.remove_extra(NAME)  # one left by a run on a reused test bed
     prom = Prometheus.start(testbed, [slurmctld_job(testbed.slurmctld_addr)], name=NAME)
     yield prom
-    testbed.stop_component(NAME)
+    testbed.remove_extra(NAME)
 
 
 async def test_slurmctld_serves_every_metrics_path_on_its_own_port(testbed: Testbed) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 
 from slinky_testbed import procs, slurmconf
 
@@ -38,3 +39,19 @@ def test_slurmctld_serves_its_own_metrics_open_to_the_test_beds_prometheus() -> 
     assert "MetricsType=metrics/openmetrics" in lines
     # PrivateData would close the endpoints to anyone but SlurmUser and root with a JWT.
     assert not any(line.startswith("PrivateData") for line in lines)
+
+
+def test_a_removed_extra_process_is_forgotten_not_left_to_read_as_a_crash(tmp_path: Path) -> None:
+    import sys
+
+    from slinky_testbed.bed import Testbed
+
+    bed = Testbed(tmp_path / "bed")
+    bed.dir.mkdir(parents=True)
+    bed.logs.mkdir(parents=True, exist_ok=True)
+    bed.spawn_extra("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"], env={})
+    assert "sleeper" in bed.load().pids
+    bed.remove_extra("sleeper")
+    assert "sleeper" not in bed.load().pids
+    bed.remove_extra("sleeper")  # gone already: nothing to do
+    assert [n for n, p in bed.tracked_processes(bed.load()) if not p.alive()] == []
