@@ -11,6 +11,7 @@ from typing import Any, cast
 
 from slinky.api.schema import ParseError, parse
 from slinky.api.v1alpha1.cluster import ClusterSpec
+from slinky.background import Backoff
 from slinky.bridge.placeholder import read_comment
 from slinky.kube import rest
 from slinky.operator.cluster.sync import ConfigProblem, Options, resolve_auth
@@ -22,6 +23,7 @@ from slinky.slurm.models import Job, Node, Partition, expand_hostlist
 from slinky.types import JSON
 
 SLURM_TIMEOUT_S = 10.0
+RETRIES = 5  # of a list the apiserver answers 429 or 503
 BRIDGE_JOBID_LABEL = "scheduler.slinky.slurm.net/slurm-jobid"
 BRIDGE_SCHEDULER = "slurm-bridge-scheduler"  # the bridge's default schedulerName
 
@@ -204,10 +206,17 @@ async def _items(
     """One list (by selector where one fits); `optional`: not allowed or not served is
     nothing, not an error."""
     params = {k: v for k, v in (("labelSelector", labels), ("fieldSelector", fields)) if v}
-    try:
-        data = await kube.list(res, namespace, params=params or None)
-    except rest.ApiError as e:
-        if e.not_found or (optional and e.code in (401, 403)):
-            return []
-        raise
-    return list(data.get("items") or [])
+    backoff = Backoff(0.5, 4.0)
+    for attempt in range(RETRIES):
+        try:
+            data = await kube.list(res, namespace, params=params or None)
+            return list(data.get("items") or [])
+        except rest.ApiError as e:
+            if e.not_found or (optional and e.code in (401, 403)):
+                return []
+            # Busy or starting (a CRD just made: "storage is (re)initializing"): as kubectl
+            # does, ask again a few times.
+            if e.code not in (429, 503) or attempt == RETRIES - 1:
+                raise
+        await asyncio.sleep(backoff.next())
+    return []
