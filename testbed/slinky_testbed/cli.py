@@ -72,8 +72,10 @@ def main(argv: list[str] | None = None) -> None:
         elif args.cmd == "env":
             for k, v in bed.env().items():
                 print(f"export {k}={shlex.quote(v)}")
-            # kubectl, helm, sinfo, squeue, sbatch, ... on this test bed, first on PATH
-            print(f'export PATH={shlex.quote(str(bed.commands()))}:"$PATH"')
+            # kubectl, helm, sinfo, squeue, sbatch, ... on this test bed, first on PATH; then
+            # this environment's console scripts (kubectl finds `kubectl-slinky` there)
+            dirs = [str(bed.commands()), str(Path(sys.executable).parent)]
+            print(f'export PATH={":".join(map(shlex.quote, dirs))}:"$PATH"')
         elif args.cmd == "slurm":
             if not args.argv:
                 p.error("slurm: give a command, e.g. `slinky testbed slurm sinfo`")

@@ -57,6 +57,7 @@ def test_the_readme_tour_runs_as_written() -> None:
         )
         # What the tour shows is what it says.
         assert "hello from a pod Slurm placed" in done.stdout
+        assert "NodeSet slurm/compute (partition compute" in done.stdout  # kubectl slinky
         assert re.search(r"slurm-bridge/gang\s+RUNNING\s+2\s", done.stdout), done.stdout
     finally:
         bed = Testbed(bed_dir)
