@@ -241,3 +241,38 @@ async def test_the_full_list_after_failed_polls_is_told_to_node_list_subscribers
     slurm.updated["nodes"] = 20
     await inf.poll_once()  # a delta list: told, as before
     assert told == [2, 4]
+
+
+async def test_a_node_a_restarted_slurmctld_forgot_leaves_the_cache_at_the_resync() -> None:
+    # slurmctld restarted from state saved before a dynamic node registered: the node is
+    # gone and its update time went back, so delta polls answer "nothing changed"; only a
+    # full list drops the node. The operator lists in full often enough that the pod is
+    # replaced within the registration deadline.
+    from slinky.operator.cluster.sync import SLURM_RESYNC_S
+    from slinky.operator.nodeset.mirror import REGISTRATION_DEADLINE_S
+
+    assert SLURM_RESYNC_S <= REGISTRATION_DEADLINE_S / 2
+    slurm = DeltaSlurm()
+    node = {"name": "batch-0", "state": ["IDLE"]}
+    slurm.handler_nodes = [node]  # type: ignore[attr-defined]
+    inner = slurm.handler
+
+    def handler(req: httpx2.Request) -> httpx2.Response:
+        resp = inner(req)
+        if req.url.path.endswith("/nodes/") and resp.status_code == 200:
+            body = resp.json()
+            body["nodes"] = slurm.handler_nodes  # type: ignore[attr-defined]
+            return httpx2.Response(200, json=body)
+        return resp
+
+    slurm.handler = handler  # type: ignore[method-assign]
+    inf = SlurmInformer(slurm.client(), resync_interval=SLURM_RESYNC_S)
+    await inf.poll_once()
+    assert "batch-0" in inf.nodes
+    slurm.handler_nodes = []  # type: ignore[attr-defined]  # the restarted slurmctld forgot it
+    slurm.updated["nodes"] = 5  # and its update time went back
+    await inf.poll_once()
+    assert "batch-0" in inf.nodes, "a delta poll cannot see it"
+    inf._last_resync -= SLURM_RESYNC_S
+    await inf.poll_once()
+    assert "batch-0" not in inf.nodes

@@ -130,6 +130,13 @@ def resolve_auth(
 # errors, and their slurmctld variants).
 SLURMCTLD_COMM_ERRNOS = frozenset({1001, 1002, 1003, 1004, 1800, 1801, 1802, 1803})
 PROBE_TIMEOUT_S = 3.0
+# A full node list at least this often. slurmctld restarted from state saved before a
+# dynamic node registered has forgotten that node, but its update time went back too, so a
+# delta poll says "nothing changed" and the cache keeps the node: the pod would stay Ready
+# with no Slurm node until a full list (the 30-minute soak's run 5 saw 5 minutes of it).
+# Well within the registration deadline, so `replace_unregistered` acts on time. It costs
+# no extra request (the idle poll comes every 60 s anyway), only a larger answer.
+SLURM_RESYNC_S = 60.0
 
 
 def slurmctld_trouble(e: errors.SlurmError) -> bool:
@@ -350,6 +357,7 @@ class ClusterSync:
             poll_interval=poll_interval,
             idle_interval=self.opts.idle_poll_interval,
             watch_jobs=True,  # pending jobs feed the autoscaling metrics (operator/autoscale)
+            resync_interval=SLURM_RESYNC_S,
         )
         conn = Connection(key, uid, cspec.server, client, informer, auth.fingerprint, ctld)
         await self.clients.put(conn)
