@@ -45,7 +45,7 @@ from tests.e2e.bridge_fixtures import (
     wait_ready,
     wait_slurm_node,
 )
-from tests.e2e.operator_fixtures import cluster, secret
+from tests.e2e.operator_fixtures import DENIALS_EXPECTED_IN, cluster, secret
 
 pytestmark = pytest.mark.e2e
 
@@ -356,7 +356,9 @@ async def test_kubectl_slinky_why_a_pending_bridge_pod_gives_slurms_reason(
     env, ns = bridge, bridge.managed_namespace
     name = f"why-{uuid.uuid4().hex[:6]}"
     holder = await env.submit_placeholder(managed_node)
-    # A Cluster naming the bridge's Slurm, so that status reads it (no operator needed).
+    # A Cluster naming the bridge's Slurm, so that status reads it (no operator needed; one
+    # running beside sees it without a Secrets grant in this namespace, and says so).
+    DENIALS_EXPECTED_IN.add(ns)
     key = env.testbed.jwt_key_path.read_bytes()
     await env.kube.create(rest.SECRETS, secret("why-jwt", **{"jwt_hs256.key": key}), ns)
     await env.kube.create(
