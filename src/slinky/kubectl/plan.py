@@ -251,15 +251,7 @@ def plan_rollout(world: World, name: str, new_nodeset: JSON | None = None) -> JS
         )
         return _finish(plan, [], now)
     ru = strategy.rolling_update
-    first = ru.partition if ru and ru.partition else 0
-    in_progress = [p for p in view.active.values() if pods.condemned(p) == scalein.CONDEMNED_UPDATE]
-    old = [
-        p
-        for p in view.active.values()
-        if pods.revision_of(p) != view.revision
-        and view.ordinal(p) >= first
-        and pods.condemned(p) is None
-    ]
+    in_progress, old = update.to_replace(view)
     if not old and not in_progress:
         plan["notes"].append(f"every pod is at revision {view.revision}: nothing to replace")
         return _finish(plan, [], now)

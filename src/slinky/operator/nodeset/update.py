@@ -113,21 +113,29 @@ def settling(pod: JSON, now: dt.datetime) -> float:
     return max(0.0, REGISTRATION_WINDOW_S - (now - since).total_seconds())
 
 
-async def rolling_update(ctx: Context, view: View) -> list[float]:
-    strategy = view.spec.update_strategy
-    if strategy.type != "RollingUpdate" or len(view.active) > view.spec.replicas:
-        return []
-    ru = strategy.rolling_update
-    partition = ru.partition if ru else 0
-    now = dt.datetime.now(dt.UTC)
+def to_replace(view: View) -> tuple[list[JSON], list[JSON]]:
+    """The pods an update is replacing now (condemned for it), and the old pods still to go:
+    not at the revision, at or above `rollingUpdate.partition`, not condemned."""
+    ru = view.spec.update_strategy.rolling_update
+    first = ru.partition if ru and ru.partition else 0
     in_progress = [p for p in view.active.values() if pods.condemned(p) == scalein.CONDEMNED_UPDATE]
     old = [
         p
         for p in view.active.values()
         if pods.revision_of(p) != view.revision
-        and view.ordinal(p) >= partition
+        and view.ordinal(p) >= first
         and pods.condemned(p) is None
     ]
+    return in_progress, old
+
+
+async def rolling_update(ctx: Context, view: View) -> list[float]:
+    strategy = view.spec.update_strategy
+    if strategy.type != "RollingUpdate" or len(view.active) > view.spec.replicas:
+        return []
+    ru = strategy.rolling_update
+    now = dt.datetime.now(dt.UTC)
+    in_progress, old = to_replace(view)
     if not in_progress and not old:
         return []
     if not view.slurm_fresh("rolling update"):
