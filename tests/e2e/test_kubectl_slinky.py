@@ -5,12 +5,18 @@ removes them, with the busy pod's job and its end by the time limit."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import sys
 from typing import Any
 
 import pytest
 
+from slinky.operator.nodeset.builder import (
+    ANNOTATION_CONDEMNED,
+    ANNOTATION_CONDEMNED_AT,
+    ANNOTATION_DRAIN_DEADLINE,
+)
 from slinky.operator.resources import NODESETS
 from slinky_testbed.waiting import wait_for
 from tests.e2e.nodeset_fixtures import Env, nodeset_manifest, wait_idle_nodes
@@ -73,6 +79,17 @@ async def test_status_and_a_scale_in_plan_match_kubernetes_slurm_and_what_happen
 
     # The real scale-in: the idle pods go at once, the busy one when its job has ended.
     await env.scale("plan", 0)
+
+    async def condemned_with_deadline() -> dict[str, str] | None:
+        pod = {p["metadata"]["name"]: p for p in await env.pods("plan")}.get(busy)
+        notes = (pod or {}).get("metadata", {}).get("annotations") or {}
+        return notes if ANNOTATION_DRAIN_DEADLINE in notes else None
+
+    # The busy pod says since when it drains and when its job ends by its time limit.
+    notes = await wait_for(condemned_with_deadline, timeout=15, what="the busy pod's deadline")
+    deadline = dt.datetime.fromtimestamp(slurm_job.end_time or 0, dt.UTC)
+    assert notes[ANNOTATION_DRAIN_DEADLINE] == deadline.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert notes[ANNOTATION_CONDEMNED] == "scale-in" and notes[ANNOTATION_CONDEMNED_AT]
     gone_at: dict[str, float] = {}
 
     async def all_gone() -> bool:

@@ -110,11 +110,18 @@ def pod(name: str, **spec: object) -> dict[str, object]:
 
 
 @pytest.fixture(scope="module")
-async def worked(bed: Testbed, prom: Prometheus) -> Prometheus:
+async def worked(bed: Testbed, prom: Prometheus) -> AsyncIterator[Prometheus]:
     """Work that makes every series the dashboards and alerts read exist: a Slurm job in
-    `compute` (the HPA scales it up), a pod the bridge places, a pod no managed node fits."""
-    out = bed.slurm(["sbatch", "-p", "compute", "--wrap", "sleep 20"], capture=True, timeout=30)
+    `compute` (the HPA scales it up, then back to 0 while the job runs: the busy pod drains
+    behind it, with a deadline 15 minutes out), a pod the bridge places, a pod no managed
+    node fits. The job is cancelled at the end (its drain would outlast the module)."""
+    out = bed.slurm(
+        ["sbatch", "--parsable", "-p", "compute", "--time=15", "--wrap", "sleep 900"],
+        capture=True,
+        timeout=30,
+    )
     assert out.returncode == 0, out.stderr
+    job = out.stdout.strip().split(";")[0]
     placed = pod("placed")
     unfit = pod("unfit", nodeSelector={"slinky.test/no-such-node": "true"})
     manifest = bed.dir / "monitoring-pods.yaml"
@@ -129,7 +136,13 @@ async def worked(bed: Testbed, prom: Prometheus) -> Prometheus:
     await prom.wait_for_series(
         'slurm_bridge_slurm_errors_total{reason="NoManagedNodeFits"}', timeout=SERIES_TIMEOUT
     )
-    return prom
+    await prom.wait_for_series(
+        'slinky_nodeset_drain_deadline_timestamp_seconds{nodeset="compute"}', timeout=240
+    )
+    try:
+        yield prom
+    finally:
+        bed.slurm(["scancel", job], capture=True, timeout=30)
 
 
 async def test_every_dashboard_query_returns_series(worked: Prometheus) -> None:

@@ -28,6 +28,7 @@ in particular `PartitionConfig` (the partition has no nodes: scale from zero), `
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -36,8 +37,13 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from slinky.operator.clients import ClusterClients
-from slinky.operator.nodeset.builder import ANNOTATION_CONDEMNED
+from slinky.operator.nodeset.builder import (
+    ANNOTATION_CONDEMNED,
+    ANNOTATION_CONDEMNED_AT,
+    ANNOTATION_DRAIN_DEADLINE,
+)
 from slinky.operator.nodeset.partition import ANNOTATION_PARTITION
+from slinky.operator.nodeset.pods import parse_time
 from slinky.slurm.informer import SlurmInformer
 from slinky.slurm.models import Job, Node, csv
 from slinky.types import JSON
@@ -219,7 +225,9 @@ class Gauges(Collector):
 
 NODESET_REPLICAS = "slinky_nodeset_replicas"
 CLUSTER_READY = "slinky_cluster_ready"
-OBJECT_METRICS = (NODESET_REPLICAS, CLUSTER_READY)
+DRAIN_STARTED = "slinky_nodeset_drain_started_timestamp_seconds"
+DRAIN_DEADLINE = "slinky_nodeset_drain_deadline_timestamp_seconds"
+OBJECT_METRICS = (NODESET_REPLICAS, CLUSTER_READY, DRAIN_STARTED, DRAIN_DEADLINE)
 # state label of slinky_nodeset_replicas -> where the number is (spec, or status field).
 REPLICA_STATES = {
     "desired": ("spec", "replicas"),
@@ -251,6 +259,25 @@ def replica_counts(obj: JSON, pods_of: PodsOf) -> dict[str, int]:
     return counts
 
 
+def drain_times(obj: JSON, pods_of: PodsOf) -> tuple[float | None, float | None]:
+    """Of a NodeSet's condemned pods: the earliest condemnation and the earliest drain
+    deadline (when the last job on that pod's node ends by its time limit), as Unix
+    times; None when no pod says."""
+    started: list[float] = []
+    deadlines: list[float] = []
+    for p in pods_of(str(obj["metadata"].get("uid") or "")):
+        notes = (p.get("metadata") or {}).get("annotations") or {}
+        if not notes.get(ANNOTATION_CONDEMNED):
+            continue
+        for key, into in (
+            (ANNOTATION_CONDEMNED_AT, started),
+            (ANNOTATION_DRAIN_DEADLINE, deadlines),
+        ):
+            with contextlib.suppress(KeyError, ValueError):
+                into.append(parse_time(str(notes[key])).timestamp())
+    return (min(started, default=None), min(deadlines, default=None))
+
+
 class ObjectGauges(Collector):
     """NodeSets' replicas by state and each Cluster's readiness, from the operator's caches
     (what dashboards and alerts need beside Slurm's own metrics)."""
@@ -267,10 +294,28 @@ class ObjectGauges(Collector):
             "drained or waiting for jobs before deletion), slurm_idle/allocated/down/drain",
             labels=["namespace", "nodeset", "state"],
         )
+        started = GaugeMetricFamily(
+            DRAIN_STARTED,
+            "When the NodeSet's longest-waiting condemned pod was condemned (its Slurm node "
+            "drained); absent while no pod is",
+            labels=["namespace", "nodeset"],
+        )
+        deadline = GaugeMetricFamily(
+            DRAIN_DEADLINE,
+            "The earliest drain deadline of the NodeSet's condemned pods: when the last job "
+            "on that pod's Slurm node ends at the latest, by its time limit (as Slurm said "
+            "when the drain began); absent while no pod is condemned",
+            labels=["namespace", "nodeset"],
+        )
         for obj in self.nodesets():
             meta = obj["metadata"]
             for state, value in replica_counts(obj, self.pods_of).items():
                 replicas.add_metric([meta["namespace"], meta["name"], state], value)
+            since, until = drain_times(obj, self.pods_of)
+            if since is not None:
+                started.add_metric([meta["namespace"], meta["name"]], since)
+            if until is not None:
+                deadline.add_metric([meta["namespace"], meta["name"]], until)
         ready = GaugeMetricFamily(
             CLUSTER_READY,
             "1 while the Cluster's Ready condition is True, else 0; reason: the condition's",
@@ -289,6 +334,8 @@ class ObjectGauges(Collector):
             ok = 1.0 if cond.get("status") == "True" else 0.0
             ready.add_metric([meta["namespace"], meta["name"], str(cond.get("reason") or "")], ok)
         yield replicas
+        yield started
+        yield deadline
         yield ready
 
 

@@ -33,6 +33,10 @@ ANNOTATION_DELETION_COST = "nodeset.slinky.slurm.net/pod-deletion-cost"
 ANNOTATION_DEADLINE = "nodeset.slinky.slurm.net/pod-deadline"
 ANNOTATION_NODE_CORDON_REASON = "nodeset.slinky.slurm.net/node-cordon-reason"
 ANNOTATION_CONDEMNED = "nodeset.slinky.slurm.net/condemned"
+# When the pod was first condemned, and when every job on its Slurm node ends at the latest
+# (start + time limit, as Slurm reported it right after the drain): RFC 3339.
+ANNOTATION_CONDEMNED_AT = "nodeset.slinky.slurm.net/condemned-at"
+ANNOTATION_DRAIN_DEADLINE = "nodeset.slinky.slurm.net/drain-deadline"
 MANAGER = "slurm-operator"
 REASON_PREFIX = "slurm-operator: "
 PRESTOP_REASON = f"{REASON_PREFIX}pod terminating"

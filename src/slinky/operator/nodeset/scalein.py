@@ -8,7 +8,11 @@ question "is this Slurm node drained?", and the deletion.
    on which nodes are busy.
 2. Drain: the Slurm node is set DRAIN with a reason starting `slurm-operator: `.
 3. Condemn: a pod that has to wait gets the `condemned` annotation saying why, so a restart
-   of the operator resumes the same removal instead of choosing new victims.
+   of the operator resumes the same removal instead of choosing new victims, with
+   `condemned-at` (when) and `drain-deadline`: when the last job on its node ends at the
+   latest, by its time limit, read from Slurm once right after the drain (the pass's one
+   job list; nothing new starts on a draining node). Dashboards and the stuck-draining alert
+   read them; `slinky_nodeset_drain_duration_seconds` is observed at the deletion.
 4. Drained? (`check_drained`): the cache only says when to ask; the authoritative
    `GET /node` is made only for a node the cache already shows drained or absent (one full
    `GET /nodes` instead when many pods go in one pass). Only a
@@ -34,18 +38,22 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from slinky.kube import events, rest
+from prometheus_client import Histogram
+
+from slinky.kube import conditions, events, rest
 from slinky.operator.clients import Connection
 from slinky.operator.nodeset import pods, slurmcontrol
 from slinky.operator.nodeset.builder import (
     ANNOTATION_CONDEMNED,
+    ANNOTATION_CONDEMNED_AT,
     ANNOTATION_CORDON,
     ANNOTATION_DEADLINE,
     ANNOTATION_DELETION_COST,
+    ANNOTATION_DRAIN_DEADLINE,
 )
 from slinky.operator.nodeset.view import Context, View, belongs_to
 from slinky.slurm import errors
-from slinky.slurm.models import Node
+from slinky.slurm.models import Node, expand_hostlist
 from slinky.types import JSON
 
 log = logging.getLogger(__name__)
@@ -58,6 +66,14 @@ CONDEMNED_DELETED = "nodeset deleted"
 DRAIN_RECHECK_S = 15.0  # backstop; a Slurm event normally wakes the NodeSet first
 FRESH_VIEW_S = 0.5  # backstop while waiting for a fast poll; its events normally come first
 SLURM_CALLS_IN_FLIGHT = 16  # per reconcile: concurrent drains / drained checks
+DRAIN_DURATION = Histogram(
+    "slinky_nodeset_drain_duration_seconds",
+    "From a NodeSet pod's condemnation (its Slurm node set to DRAIN) to its deletion once "
+    "Slurm said drained; 0 for a node drained at the first check. reason: scale-in, "
+    "update or nodeset deleted",
+    ["namespace", "nodeset", "reason"],
+    buckets=(1, 10, 60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 3 * 86400),
+)
 LIST_INSTEAD_OF_GETS = 32  # above this many authoritative reads in one pass, list once
 FAR_FUTURE = dt.datetime.max.replace(tzinfo=dt.UTC)
 
@@ -178,6 +194,72 @@ async def check_drained(
 # ------------------------------------------------------------ 2-5. condemn, drain, delete
 
 
+class JobEnds:
+    """When the jobs on each Slurm node end at the latest (Slurm's `end_time` of a running
+    job: its start plus its time limit), read at most once per removal step and only when
+    a pod is condemned: from the informer's cache while it polls jobs, else one `GET /jobs`.
+    None when Slurm cannot be read (the pod's deadline is then written by a later pass)."""
+
+    def __init__(self, conn: Connection | None) -> None:
+        self.conn = conn
+        self._read: asyncio.Task[dict[str, int] | None] | None = None
+
+    async def deadline(self, node: str, now: dt.datetime) -> dt.datetime | None:
+        if self.conn is None:
+            return None
+        if self._read is None:
+            self._read = asyncio.ensure_future(self._ends(self.conn))
+        ends = await asyncio.shield(self._read)
+        if ends is None:
+            return None
+        end = ends.get(node)
+        return now if end is None else dt.datetime.fromtimestamp(end, dt.UTC)
+
+    @staticmethod
+    async def _ends(conn: Connection) -> dict[str, int] | None:
+        if conn.informer.jobs_synced:
+            jobs = list(conn.informer.jobs.values())
+        else:
+            try:
+                listed, _ = await conn.client.list_jobs()
+            except errors.SlurmError as e:
+                log.info("cannot list Slurm jobs for drain deadlines (%s); next pass", e)
+                return None
+            jobs = listed or []
+        ends: dict[str, int] = {}
+        for job in jobs:
+            holds = not job.is_pending and (not job.is_finished or "COMPLETING" in job.state)
+            if not holds or not job.end_time:
+                continue
+            for node in expand_hostlist(job.nodes):
+                ends[node] = max(ends.get(node, 0), job.end_time)
+        return ends
+
+
+def condemnation(pod: JSON, why: str, deadline: dt.datetime | None) -> dict[str, str | None]:
+    """The annotations that condemn `pod` (or bring it up to date): why, since when (kept
+    from the first condemnation), and the drain deadline once known."""
+    out: dict[str, str | None] = {}
+    if pods.condemned(pod) != why:
+        out[ANNOTATION_CONDEMNED] = why
+    if pods.annotation(pod, ANNOTATION_CONDEMNED_AT) is None:
+        out[ANNOTATION_CONDEMNED_AT] = conditions.now_rfc3339()
+    if deadline is not None and pods.annotation(pod, ANNOTATION_DRAIN_DEADLINE) is None:
+        out[ANNOTATION_DRAIN_DEADLINE] = deadline.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return out
+
+
+def drain_seconds(pod: JSON, now: dt.datetime) -> float:
+    """How long the pod has been condemned; 0 when it never was (drained at once)."""
+    since = pods.annotation(pod, ANNOTATION_CONDEMNED_AT)
+    if since is None:
+        return 0.0
+    try:
+        return max(0.0, (now - pods.parse_time(since)).total_seconds())
+    except ValueError:
+        return 0.0
+
+
 async def remove_when_drained(
     ctx: Context,
     view: View,
@@ -186,6 +268,7 @@ async def remove_when_drained(
     reason: str,
     *,
     snapshot: Snapshot | None = None,
+    job_ends: JobEnds | None = None,
 ) -> Drained:
     """Condemn, drain, and delete once drained. Returns the drained verdict: unless `safe`,
     the pod is still there and the caller waits."""
@@ -198,8 +281,13 @@ async def remove_when_drained(
         verdict = await drain_and_check(ctx, view, pod, reason, snapshot)
     if not verdict.safe:
         # Condemned: a restarted operator resumes this removal instead of choosing anew.
-        if pods.condemned(pod) != why:
-            await ctx.podcontrol.patch_metadata(pod, annotations={ANNOTATION_CONDEMNED: why})
+        deadline = None
+        if scheduled and pods.annotation(pod, ANNOTATION_DRAIN_DEADLINE) is None:
+            ends = job_ends or JobEnds(view.conn)
+            deadline = await ends.deadline(name, dt.datetime.now(dt.UTC))
+        changes = condemnation(pod, why, deadline)
+        if changes:
+            await ctx.podcontrol.patch_metadata(pod, annotations=changes)
         return verdict
     if await ctx.podcontrol.delete_pod(view.exp_key, pod):
         because = "Slurm node drained" if scheduled else "never scheduled"
@@ -207,6 +295,10 @@ async def remove_when_drained(
             view.obj, events.NORMAL, "Deleted", f"deleted pod {name}: {because} ({why})"
         )
         log.info("nodeset %s: deleted pod %s (%s, %s)", view.key, name, because, why)
+        if scheduled:
+            DRAIN_DURATION.labels(view.namespace, view.name, why).observe(
+                drain_seconds(pod, dt.datetime.now(dt.UTC))
+            )
     if why == CONDEMNED_SCALE_IN:
         await delete_scaled_pvcs(ctx, view, name)
     view.moved(pod)
@@ -255,9 +347,19 @@ async def remove_all(
     """`remove_when_drained` for several pods, concurrently and bounded. Returns the verdicts
     of the pods that still wait, by pod name."""
     snapshot = await snapshot_for(view, pod_list)
+    job_ends = JobEnds(view.conn)
     results = await bounded(
         [
-            functools.partial(remove_when_drained, ctx, view, p, why, reason, snapshot=snapshot)
+            functools.partial(
+                remove_when_drained,
+                ctx,
+                view,
+                p,
+                why,
+                reason,
+                snapshot=snapshot,
+                job_ends=job_ends,
+            )
             for p in pod_list
         ],
         SLURM_CALLS_IN_FLIGHT,
@@ -283,7 +385,14 @@ async def keep(ctx: Context, view: View, pod: JSON, *, cordon_reason: str | None
     """A condemned pod is wanted again: undrain (unless cordoned) and un-condemn."""
     name = pods.name(pod)
     view.acted_on.add(name)
-    await ctx.podcontrol.patch_metadata(pod, annotations={ANNOTATION_CONDEMNED: None})
+    await ctx.podcontrol.patch_metadata(
+        pod,
+        annotations={
+            ANNOTATION_CONDEMNED: None,
+            ANNOTATION_CONDEMNED_AT: None,
+            ANNOTATION_DRAIN_DEADLINE: None,
+        },
+    )
     if (
         view.conn is not None
         and cordon_reason is None
