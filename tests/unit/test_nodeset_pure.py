@@ -259,3 +259,42 @@ def test_the_cached_pod_keeps_what_the_operator_reads_and_answers_alike() -> Non
     not_ready = {**pod, "status": {"conditions": [{"type": "Ready", "status": "False"}]}}
     assert pods.ready_since(pods.slim(not_ready)) is None
     assert pods.phase(pods.slim(not_ready)) == "Pending"
+
+
+def test_the_node_registers_with_the_slurmd_containers_limits() -> None:
+    def size(limits: dict[str, str]) -> dict[str, str]:
+        return builder.node_size({"resources": {"limits": limits, "requests": {"cpu": "8"}}})
+
+    assert size({"cpu": "2", "memory": "4Gi"}) == {"CPUs": "2", "RealMemory": str(4096 - 128)}
+    assert size({"cpu": "1500m"}) == {"CPUs": "1"}  # Slurm counts whole CPUs
+    assert size({"cpu": "200m", "memory": "256Mi"}) == {"CPUs": "1", "RealMemory": "192"}
+    assert size({"memory": "2G"}) == {"RealMemory": str(2 * 10**9 // 2**20 - 128)}
+    assert size({}) == {} and builder.node_size({}) == {}  # no limits: what slurmd detects
+    assert size({"cpu": "two"}) == {}  # the apiserver refuses the pod, naming the field
+    args = builder.slurmd_args(
+        ["--conf", "RealMemory=1000 Weight=5"],
+        nodeset="cpu",
+        conf_server=None,
+        node_conf={"CPUs": "2", "RealMemory": "3968"},
+    )
+    assert args[:2] == ["--conf", "Features=cpu CPUs=2 RealMemory=1000 Weight=5"], "user's wins"
+    args = builder.slurmd_args(
+        ["--conf=cpus=4"], nodeset="cpu", conf_server=None, node_conf={"CPUs": "2"}
+    )
+    assert args[0] == "--conf=Features=cpu cpus=4"
+
+
+def test_a_pod_with_limits_gets_them_in_slurmds_conf() -> None:
+    obj, spec = nodeset(
+        template={
+            "metadata": {"labels": {"app": "cpu"}},
+            "spec": {
+                "containers": [
+                    {"name": "slurmd", "resources": {"limits": {"cpu": "3", "memory": "1Gi"}}}
+                ]
+            },
+        }
+    )
+    pod = builder.build_pod(obj, spec, 0, revision="r", conf_server=None)
+    (slurmd,) = pod["spec"]["containers"]
+    assert slurmd["args"][-2:] == ["--conf", "Features=cpu CPUs=3 RealMemory=896"]

@@ -5,6 +5,13 @@ that name) and its subdomain the NodeSet's headless Service (stable DNS for MPI)
 container named `slurmd` becomes a dynamic Slurm node: `slurmd -D -Z --conf-server <ctld>
 --conf "Features=<nodeset> ..."`, keeping any of those flags the user already set, with a
 preStop hook that marks the node DOWN and deletes its record before the pod goes away.
+
+Node size: when the slurmd container has resource limits, the node registers with them
+(`CPUs=` the CPU limit rounded down, at least 1; `RealMemory=` the memory limit in MiB less
+what slurmd and its slurmstepds keep, `memory_reserve_mib`), not with the host's hardware
+that slurmd would detect. Jobs run inside the slurmd container, so its limits are theirs;
+other containers of the pod have limits of their own. A `CPUs=`/`RealMemory=` in the
+user's `--conf` wins.
 """
 
 from __future__ import annotations
@@ -12,12 +19,14 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 import re
 import shlex
 
 from slinky.api.v1alpha1 import API_VERSION
 from slinky.api.v1alpha1.nodeset import KIND, LabelSelector, NodeSetSpec
 from slinky.kube import objects
+from slinky.kube.quantity import parse_quantity
 from slinky.types import JSON
 
 SLURMD_CONTAINER = "slurmd"
@@ -102,8 +111,15 @@ def _has_flag(args: list[str], *flags: str) -> bool:
     return any(a in flags or any(a.startswith(f + "=") for f in flags) for a in args)
 
 
-def slurmd_args(args: list[str], *, nodeset: str, conf_server: str | None) -> list[str]:
-    """slurmd's arguments with the operator's flags added unless the user set them."""
+def slurmd_args(
+    args: list[str],
+    *,
+    nodeset: str,
+    conf_server: str | None,
+    node_conf: dict[str, str] | None = None,
+) -> list[str]:
+    """slurmd's arguments with the operator's flags added unless the user set them;
+    `node_conf` (e.g. the node size) goes into `--conf` after `Features=<nodeset>`."""
     out = list(args)
     if not _has_flag(out, "-D"):
         out.append("-D")
@@ -111,17 +127,46 @@ def slurmd_args(args: list[str], *, nodeset: str, conf_server: str | None) -> li
         out.append("-Z")
     if conf_server and not _has_flag(out, "--conf-server"):
         out += ["--conf-server", conf_server]
+    ours = {"Features": nodeset, **(node_conf or {})}
     for i, a in enumerate(out):
         if a == "--conf" and i + 1 < len(out):
-            if "Features=" not in out[i + 1]:
-                out[i + 1] = f"Features={nodeset} {out[i + 1]}".strip()
+            out[i + 1] = conf_with(out[i + 1], ours)
             break
         if a.startswith("--conf="):
-            if "Features=" not in a:
-                out[i] = f"--conf=Features={nodeset} {a.removeprefix('--conf=')}".strip()
+            out[i] = f"--conf={conf_with(a.removeprefix('--conf='), ours)}"
             break
     else:
-        out += ["--conf", f"Features={nodeset}"]
+        out += ["--conf", conf_with("", ours)]
+    return out
+
+
+def conf_with(conf: str, ours: dict[str, str]) -> str:
+    """A slurmd `--conf` line with our `Key=value`s in front, except the keys it already
+    has (Slurm's keys are case-insensitive)."""
+    have = {part.split("=", 1)[0].lower() for part in conf.split()}
+    add = [f"{k}={v}" for k, v in ours.items() if k.lower() not in have]
+    return " ".join([*add, conf]).strip()
+
+
+def memory_reserve_mib(limit_mib: int) -> int:
+    """Memory of the slurmd container kept out of the Slurm node's RealMemory for slurmd and
+    one slurmstepd per job step: 128 MiB, at most a quarter of a small limit."""
+    return min(128, limit_mib // 4)
+
+
+def node_size(container: JSON) -> dict[str, str]:
+    """`CPUs` and `RealMemory` from the slurmd container's limits ({} for what has none,
+    or a limit Kubernetes would refuse: the pod's creation then fails naming it)."""
+    limits = (container.get("resources") or {}).get("limits") or {}
+    out: dict[str, str] = {}
+    try:
+        if "cpu" in limits:
+            out["CPUs"] = str(max(1, math.floor(parse_quantity(limits["cpu"]))))
+        if "memory" in limits:
+            mib = int(parse_quantity(limits["memory"]) // 2**20)
+            out["RealMemory"] = str(max(1, mib - memory_reserve_mib(mib)))
+    except ValueError:
+        return {}
     return out
 
 
@@ -184,7 +229,12 @@ def build_pod(
             continue
         if not c.get("command"):
             c["command"] = ["slurmd"]
-        c["args"] = slurmd_args(list(c.get("args") or []), nodeset=name, conf_server=conf_server)
+        c["args"] = slurmd_args(
+            list(c.get("args") or []),
+            nodeset=name,
+            conf_server=conf_server,
+            node_conf=node_size(c),
+        )
         lifecycle = c.setdefault("lifecycle", {})
         lifecycle.setdefault("preStop", pre_stop())
     pspec["containers"] = containers
