@@ -236,6 +236,8 @@ def start_operator(kubeconfig: Path, log_path: Path, *extra: str) -> OperatorPro
         # Tests wait for what the operator sees of Slurm (a job starting, an admin's drain);
         # the default 60 s between idle polls would make each such wait a minute long.
         "--slurm-idle-poll-interval=5s",
+        # A Node condition the node-health test sets (as Node Problem Detector would).
+        "--drain-node-conditions=SlinkyTestProblem",
         "--log-level=debug",
         *extra,
     ]

@@ -293,6 +293,68 @@ async def test_on_delete_strategy_waits_for_a_manual_delete(env: Env) -> None:
     await wait_for(replaced, timeout=30, what="only the deleted pod comes back on the new revision")
 
 
+async def test_a_node_condition_drains_that_nodes_slurm_nodes_and_clearing_it_undrains(
+    env: Env,
+) -> None:
+    """As Node Problem Detector would: a watched condition (--drain-node-conditions) set True
+    on one Kubernetes node drains the Slurm nodes of exactly the pods on it, naming the
+    condition; set False again, they are undrained."""
+    await env.kube.create(NODESETS, nodeset_manifest("health", 3), env.namespace)
+    names = await wait_idle_nodes(env, "health", 3)
+    on: dict[str, str] = {}
+    for name in names:
+        on[name] = (await env.kube.get(rest.PODS, name, env.namespace))["spec"]["nodeName"]
+    sick = on[names[0]]
+    reason = f"slurm-operator: Kubernetes node {sick} SlinkyTestProblem (TestSaysSo)"
+
+    async def set_condition(status: str | None) -> None:
+        cond: dict[str, Any] = {"type": "SlinkyTestProblem"}
+        if status is None:
+            cond["$patch"] = "delete"
+        else:
+            cond.update(status=status, reason="TestSaysSo", message="set by the e2e test")
+        patch = {"status": {"conditions": [cond]}}
+        await env.kube.patch(rest.NODES, sick, patch, subresource="status", kind="strategic")
+
+    async def drained_as(expected: dict[str, bool]) -> bool:
+        for name, drained in expected.items():
+            node = await env.slurm_node(name)
+            if node is None or node.state.is_drain != drained:
+                return False
+            if drained and node.reason != reason:
+                return False
+        return True
+
+    want = {name: on[name] == sick for name in names}
+    try:
+        await set_condition("True")
+        await wait_for(
+            lambda: drained_as(want), timeout=15, what="the sick node's Slurm nodes drained"
+        )
+        await set_condition("False")
+        await wait_for(
+            lambda: drained_as(dict.fromkeys(names, False)),
+            timeout=15,
+            what="undrained once the condition is False",
+        )
+    finally:
+        await set_condition(None)
+
+
+async def test_a_slurmd_container_with_limits_registers_that_size(env: Env) -> None:
+    """No CPUs=/RealMemory= in --conf: the node registers with the container's limits (less
+    slurmd's memory reserve), not with the host's 2 CPUs and its memory."""
+    manifest = nodeset_manifest("sized", 1)
+    slurmd = manifest["spec"]["template"]["spec"]["containers"][0]
+    slurmd["args"] = []
+    slurmd["resources"] = {"limits": {"cpu": "1", "memory": "512Mi"}}
+    await env.kube.create(NODESETS, manifest, env.namespace)
+    (name,) = await wait_idle_nodes(env, "sized", 1)
+    node = await env.slurm_node(name)
+    assert node is not None
+    assert (node.cpus, node.real_memory) == (1, 512 - 128)
+
+
 async def test_cordons_drain_and_uncordon_undrains_but_admin_drain_survives(env: Env) -> None:
     await env.kube.create(NODESETS, nodeset_manifest("cord", 3), env.namespace)
     a, b, c = await wait_idle_nodes(env, "cord", 3)

@@ -236,6 +236,8 @@ def test_operator_deployment_passes_only_flags_the_operator_knows() -> None:
         "slurm-operator",
         "operator.watchNamespaces={a,b}",
         "operator.slurmWatchJobs=true",
+        "operator.drainNotReadyNodes=false",
+        "operator.drainNodeConditions={KernelDeadlock,ReadonlyFilesystem}",
         namespace="slinky-system",
     )
     deployment = one(objs, "Deployment")
@@ -245,6 +247,8 @@ def test_operator_deployment_passes_only_flags_the_operator_knows() -> None:
     assert parsed.leader_elect is True
     assert parsed.namespace == ["a", "b"]
     assert parsed.slurm_watch_jobs is True
+    assert parsed.drain_not_ready_nodes is False
+    assert parsed.drain_node_conditions == "KernelDeadlock,ReadonlyFilesystem"
     assert parsed.metrics_api_bind_address == ":8443"
     # Graceful shutdown fits in the pod's grace period (the Lease is released in time).
     grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]

@@ -26,6 +26,7 @@ from slinky.operator.cluster import controller as cluster_controller
 from slinky.operator.cluster.sync import Options
 from slinky.operator.nodeset import controller as nodeset_controller
 from slinky.operator.nodeset import pods as pod_fields
+from slinky.operator.nodeset.view import NodeHealth
 from slinky.operator.resources import CLUSTERS, NODESETS
 
 log = logging.getLogger("slurm-operator")
@@ -81,6 +82,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="poll Slurm jobs with every node poll, so the slurm_*_jobs_* gauges on /metrics "
         "are always exported (for Prometheus-based autoscalers); otherwise jobs are polled "
         "only when the external metrics API is asked",
+    )
+    flags.add_bool(
+        p,
+        "--drain-not-ready-nodes",
+        default=True,
+        help="drain the Slurm nodes of the pods on a Kubernetes node whose Ready condition is "
+        "False or Unknown (reason: the node and its condition's reason); undrained when it is "
+        "Ready again",
+    )
+    p.add_argument(
+        "--drain-node-conditions",
+        default="",
+        help="comma-separated Node condition types (e.g. Node Problem Detector's "
+        "KernelDeadlock,ReadonlyFilesystem) that drain the Slurm nodes of the pods on the "
+        "node while True; undrained when False again",
     )
     p.add_argument(
         "--metrics-api-bind-address",
@@ -153,6 +169,12 @@ class Operator:
                 self.clients,
                 self.recorder,
                 workers=self.args.nodeset_workers,
+                node_health=NodeHealth(
+                    conditions=frozenset(
+                        c.strip() for c in self.args.drain_node_conditions.split(",") if c.strip()
+                    ),
+                    not_ready=self.args.drain_not_ready_nodes,
+                ),
             )
         )
         nodesets = self.factory.shared(NODESETS)

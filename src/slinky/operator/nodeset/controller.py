@@ -7,7 +7,8 @@
   also settle expectations; a deleted Service or PDB is re-created by the reconcile this
   enqueues.
 - HorizontalPodAutoscalers scaling a NodeSet: that NodeSet (the `Autoscaling` condition).
-- Kubernetes Nodes: a node cordoned or uncordoned (or its cordon reason changed) enqueues the
+- Kubernetes Nodes: a node cordoned or uncordoned (or its cordon reason changed), or a
+  change of its conditions' statuses (NotReady, Node Problem Detector's), enqueues the
   NodeSets with pods on it (index by spec.nodeName).
 - Slurm (the seeds' "Slurm event channel"): a change of Slurm node `X` of Cluster `ns/c`
   enqueues the NodeSet owning pod `ns/X`; a change of partition `P` (added, changed, gone:
@@ -28,6 +29,7 @@ from slinky.operator.clients import ClusterClients
 from slinky.operator.nodeset import builder
 from slinky.operator.nodeset import pods as pod_fields
 from slinky.operator.nodeset.sync import BY_HPA_TARGET, NodeSetSync, hpa_target
+from slinky.operator.nodeset.view import NodeHealth
 from slinky.operator.resources import CLUSTERS, NODESETS
 from slinky.slurm.informer import SlurmEvent
 from slinky.types import JSON
@@ -51,8 +53,13 @@ def partition_of(obj: JSON) -> str | None:
 
 def slim_node(node: JSON) -> JSON:
     """What the cordon mirror reads of a Kubernetes node (name, annotations,
-    `spec.unschedulable`): a large cluster's node status (images, conditions) is not kept."""
+    `spec.unschedulable`, each condition's type, status and reason): a large cluster's node
+    status (images, addresses, heartbeat times) is not kept, so a heartbeat is no update."""
     meta = node["metadata"]
+    conditions = [
+        {k: c[k] for k in ("type", "status", "reason") if k in c}
+        for c in (node.get("status") or {}).get("conditions") or []
+    ]
     return {
         "apiVersion": node.get("apiVersion"),
         "kind": node.get("kind"),
@@ -60,6 +67,7 @@ def slim_node(node: JSON) -> JSON:
             k: meta[k] for k in ("name", "uid", "resourceVersion", "annotations") if k in meta
         },
         "spec": {"unschedulable": True} if (node.get("spec") or {}).get("unschedulable") else {},
+        "status": {"conditions": conditions},
     }
 
 
@@ -101,6 +109,7 @@ def build(
     recorder: events.EventRecorder,
     *,
     workers: int = 4,
+    node_health: NodeHealth | None = None,
 ) -> Controller:
     nodesets = factory.shared(NODESETS, indexers={BY_CLUSTER: cluster_of_nodeset})
     clusters = factory.shared(CLUSTERS)
@@ -129,6 +138,7 @@ def build(
         recorder=recorder,
         expectations=expectations,
         hpas=hpas,
+        node_health=node_health,
     )
     ctrl = Controller("nodeset", sync, workers=workers)
     # An HPA made, changed or deleted: the NodeSet it scales (its status changes are not
@@ -177,13 +187,14 @@ def build(
     )
 
     def node_changed(old: JSON | None, new: JSON) -> bool:
-        def cordon(n: JSON | None) -> tuple[Any, Any]:
+        def cordon(n: JSON | None) -> tuple[Any, Any, Any]:
             if n is None:
-                return (None, None)
+                return (None, None, None)
             ann = n["metadata"].get("annotations") or {}
             return (
                 (n.get("spec") or {}).get("unschedulable"),
                 ann.get(builder.ANNOTATION_NODE_CORDON_REASON),
+                (n.get("status") or {}).get("conditions"),
             )
 
         return old is not None and cordon(old) != cordon(new)

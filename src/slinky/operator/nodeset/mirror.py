@@ -4,8 +4,10 @@ Slurm -> pods: each pod gets `SlurmNodeState*` conditions mirroring its Slurm no
 `pod-protect` label while jobs run (the PodDisruptionBudget selects it), and its identity
 goes into the Slurm node's comment.
 
-Kubernetes -> Slurm: a `pod-cordon` annotation or a cordoned Kubernetes node drains the Slurm
-node; lifting it undrains, but only drains the operator made.
+Kubernetes -> Slurm: a `pod-cordon` annotation, or a problem of the pod's Kubernetes node
+(`node_problem`: cordoned, NotReady, or a condition the operator was told to watch, such as
+Node Problem Detector's KernelDeadlock) drains the Slurm node with a reason naming it;
+lifting it undrains, but only drains the operator made.
 
 Both run only while the Slurm view is synced, and never touch a Slurm node whose comment
 names another pod.
@@ -27,7 +29,7 @@ from slinky.operator.nodeset.builder import (
     REASON_PREFIX,
     slurm_comment,
 )
-from slinky.operator.nodeset.view import Context, View
+from slinky.operator.nodeset.view import Context, NodeHealth, View
 from slinky.slurm.models import Node
 from slinky.types import JSON
 
@@ -201,14 +203,28 @@ def unreachable(view: View) -> list[JSON]:
 
 
 def cordon_reason(ctx: Context, pod: JSON) -> str | None:
-    """The drain reason a cordon asks for, or None."""
+    """The drain reason a cordon or a node problem asks for, or None."""
     if pods.annotation(pod, ANNOTATION_CORDON) == "true":
         return slurmcontrol.REASON_POD_CORDON
     node_name = pods.node_name(pod)
     node = ctx.nodes.store.get(node_name) if node_name else None
-    if node and (node.get("spec") or {}).get("unschedulable"):
+    problem = node_problem(node, ctx.node_health) if node else None
+    return f"{REASON_PREFIX}{problem}" if problem else None
+
+
+def node_problem(node: JSON, health: NodeHealth) -> str | None:
+    """Why a Kubernetes node should run no new Slurm job, or None: cordoned (with its
+    `node-cordon-reason` annotation when set), NotReady, or a watched condition True."""
+    name = node["metadata"]["name"]
+    if (node.get("spec") or {}).get("unschedulable"):
         why = (node["metadata"].get("annotations") or {}).get(ANNOTATION_NODE_CORDON_REASON)
-        return f"{REASON_PREFIX}{why or f'Kubernetes node {node_name} cordoned'}"
+        return str(why or f"Kubernetes node {name} cordoned")
+    for cond in (node.get("status") or {}).get("conditions") or []:
+        kind, status, reason = cond.get("type"), cond.get("status"), cond.get("reason")
+        if kind == "Ready" and health.not_ready and status != "True":
+            return f"Kubernetes node {name} NotReady ({reason or status})"
+        if kind in health.conditions and status == "True":
+            return f"Kubernetes node {name} {kind}" + (f" ({reason})" if reason else "")
     return None
 
 

@@ -43,7 +43,7 @@ from slinky.kube.store import BY_OWNER_UID
 from slinky.operator.clients import ClusterClients, Connection
 from slinky.operator.nodeset import builder, mirror, partition, pods, scalein, status, update
 from slinky.operator.nodeset.podcontrol import PodControl
-from slinky.operator.nodeset.view import Context, View, belongs_to
+from slinky.operator.nodeset.view import Context, NodeHealth, View, belongs_to
 from slinky.operator.resources import FINALIZER, NODESETS
 from slinky.slurm import errors
 from slinky.slurm.models import expand_hostlist
@@ -156,6 +156,7 @@ class NodeSetSync:
         recorder: events.EventRecorder,
         expectations: Expectations,
         hpas: MultiInformer | None = None,
+        node_health: NodeHealth | None = None,
     ) -> None:
         self.hpas = hpas
         self.nodesets = nodesets
@@ -177,6 +178,7 @@ class NodeSetSync:
             recorder=recorder,
             nodes=nodes,
             expectations=expectations,
+            node_health=node_health or NodeHealth(),
         )
 
     # ------------------------------------------------------------ entry

@@ -22,6 +22,17 @@ from slinky.slurm.models import Node
 from slinky.types import JSON
 
 
+@dataclass(frozen=True)
+class NodeHealth:
+    """Which states of a Kubernetes Node drain the Slurm nodes of the pods on it
+    (`mirror.node_problem`): cordoned, always; NotReady (its Ready condition False or
+    Unknown) unless `not_ready` is off; each condition type in `conditions` while True (the
+    convention of Node Problem Detector's conditions, e.g. KernelDeadlock)."""
+
+    conditions: frozenset[str] = frozenset()
+    not_ready: bool = True
+
+
 @dataclass
 class Context:
     """The side effects and shared caches a reconcile uses."""
@@ -31,6 +42,7 @@ class Context:
     recorder: events.EventRecorder
     nodes: Informer
     expectations: Expectations
+    node_health: NodeHealth = field(default_factory=NodeHealth)
 
 
 @dataclass

@@ -1,0 +1,102 @@
+"""Node health from Kubernetes: which states of a Kubernetes Node drain the Slurm nodes of the
+pods on it, with which reason, and what of the Node the operator keeps to know it."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from slinky.operator.nodeset import mirror
+from slinky.operator.nodeset.builder import ANNOTATION_CORDON, ANNOTATION_NODE_CORDON_REASON
+from slinky.operator.nodeset.controller import slim_node
+from slinky.operator.nodeset.view import NodeHealth
+
+NPD = NodeHealth(conditions=frozenset({"KernelDeadlock"}))
+
+
+def node(*conditions: tuple[str, str, str], cordoned: bool = False, **notes: str) -> Any:
+    return {
+        "metadata": {"name": "k1", "annotations": notes},
+        "spec": {"unschedulable": True} if cordoned else {},
+        "status": {"conditions": [{"type": t, "status": s, "reason": r} for t, s, r in conditions]},
+    }
+
+
+READY = ("Ready", "True", "KubeletReady")
+CALM = ("KernelDeadlock", "False", "KernelHasNoDeadlock")
+
+
+def test_a_healthy_node_is_no_problem() -> None:
+    assert mirror.node_problem(node(READY, CALM), NPD) is None
+    assert mirror.node_problem(node(), NPD) is None
+
+
+def test_not_ready_names_the_node_and_kubernetes_reason() -> None:
+    lost = ("Ready", "Unknown", "NodeStatusUnknown")
+    assert mirror.node_problem(node(lost), NPD) == "Kubernetes node k1 NotReady (NodeStatusUnknown)"
+    assert mirror.node_problem(node(("Ready", "False", "")), NPD) == (
+        "Kubernetes node k1 NotReady (False)"
+    )
+    assert mirror.node_problem(node(lost), NodeHealth(not_ready=False)) is None
+
+
+def test_a_watched_condition_true_names_the_condition() -> None:
+    deadlock = ("KernelDeadlock", "True", "DockerHung")
+    assert mirror.node_problem(node(READY, deadlock), NPD) == (
+        "Kubernetes node k1 KernelDeadlock (DockerHung)"
+    )
+    assert mirror.node_problem(node(READY, deadlock), NodeHealth()) is None  # not watched
+    # Kubernetes' own pressure conditions are not watched unless named.
+    pressure = ("MemoryPressure", "True", "KubeletHasInsufficientMemory")
+    assert mirror.node_problem(node(READY, pressure), NPD) is None
+
+
+def test_a_cordon_comes_first_with_its_reason() -> None:
+    sick = node(("Ready", "False", "KubeletNotReady"), cordoned=True)
+    assert mirror.node_problem(sick, NPD) == "Kubernetes node k1 cordoned"
+    why = {ANNOTATION_NODE_CORDON_REASON: "disk swap"}
+    assert mirror.node_problem(node(READY, cordoned=True, **why), NPD) == "disk swap"
+
+
+def test_the_pods_drain_reason_carries_the_operators_prefix() -> None:
+    nodes = {"k1": node(READY, ("KernelDeadlock", "True", "DockerHung"))}
+    ctx: Any = SimpleNamespace(nodes=SimpleNamespace(store=nodes), node_health=NPD)
+    pod = {"metadata": {"name": "cpu-0", "annotations": {}}, "spec": {"nodeName": "k1"}}
+    assert mirror.cordon_reason(ctx, pod) == (
+        "slurm-operator: Kubernetes node k1 KernelDeadlock (DockerHung)"
+    )
+    pod["metadata"]["annotations"][ANNOTATION_CORDON] = "true"
+    assert mirror.cordon_reason(ctx, pod) == "slurm-operator: pod cordoned"
+    nodes["k1"] = node(READY, CALM)
+    del pod["metadata"]["annotations"][ANNOTATION_CORDON]
+    assert mirror.cordon_reason(ctx, pod) is None
+
+
+def test_the_kept_node_has_conditions_without_heartbeats() -> None:
+    full = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": "k1", "uid": "u", "resourceVersion": "7", "labels": {"a": "b"}},
+        "spec": {"podCIDR": "10.0.0.0/24"},
+        "status": {
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "kubelet is posting ready status",
+                    "lastHeartbeatTime": "2026-11-26T12:00:05Z",
+                    "lastTransitionTime": "2026-11-26T11:00:00Z",
+                }
+            ],
+            "images": [{"names": ["x"], "sizeBytes": 1}],
+        },
+    }
+    slim = slim_node(full)
+    assert slim["status"] == {
+        "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady"}]
+    }
+    assert "images" not in slim["status"] and slim["spec"] == {}
+    later = dict(full["status"]["conditions"][0], lastHeartbeatTime="2026-11-26T12:00:10Z")
+    beat = {**full, "status": {**full["status"], "conditions": [later]}}
+    assert slim_node(beat) == slim, "a heartbeat is no change"
