@@ -66,6 +66,12 @@ ADMISSION_POLICY_BINDINGS = rest.Resource(
 )
 SLURM_NODENAME = "slinky.slurm.net/slurm-nodename"
 NODE_CONFIG = "CPUs=2 RealMemory=1000"
+HEALTH_MARKER = "/tmp/slinky-unhealthy"
+HEALTH_CHECK = f"""#!/bin/sh
+if [ -e {HEALTH_MARKER} ]; then
+  scontrol update nodename="$(hostname)" state=drain reason="health: marker file"
+fi
+"""
 
 
 def image(name: str) -> JSON:
@@ -184,6 +190,8 @@ class Install:
             },
             "cleanup": {"image": image("slinky")},
             "compute": {
+                # A site health check that drains its node while a marker file exists.
+                "healthCheck": {"script": HEALTH_CHECK, "interval": 5},
                 "nodesetDefaults": {
                     "nodeConfig": NODE_CONFIG,
                     "terminationGracePeriodSeconds": 30,
@@ -504,6 +512,20 @@ async def test_helm_installs_operator_slurm_and_bridge_that_run_jobs_upgrade_and
     )
     logs = i.kubectl("-n", i.jobs_ns, "logs", "hello")
     assert logs.strip() == "hello from hello"
+
+    # ------------------------------------------------ the site's health check drains a node
+    await idle_nodes(i, "extra", 1)
+    extra = f"{i.nodeset('extra')}-0"
+    exec_in = ("-n", i.slurm_ns, "exec", extra, "-c", "slurmd", "--")
+    i.kubectl(*exec_in, "touch", HEALTH_MARKER)
+
+    async def drained_by_health_check() -> bool:
+        return "Reason=health: marker file" in i.ctld("scontrol", "-o", "show", "node", extra)
+
+    await wait_for(drained_by_health_check, timeout=60, interval=1, what="health check drained")
+    i.kubectl(*exec_in, "rm", HEALTH_MARKER)
+    i.ctld("scontrol", "update", f"nodename={extra}", "state=resume")
+    await idle_nodes(i, "extra", 1)
 
     # ------------------------------------------------ the webhook outlives one replica's end
     # Two replicas; one is deleted (as a drain or a rollout does) while pods keep being

@@ -599,6 +599,35 @@ def test_slurmctld_serves_its_own_metrics_by_default_and_not_when_switched_off()
     assert not any(line.startswith("Metrics") for line in slurm_conf(off))
 
 
+def test_a_health_check_script_runs_on_every_slurmd_pod_and_changes_without_a_roll(
+    tmp_path: Path,
+) -> None:
+    assert not any(line.startswith("HealthCheck") for line in slurm_conf(render("slurm")))
+    script = '#!/bin/sh\n[ -e /tmp/bad ] && scontrol update nodename="$(hostname)" state=drain\n'
+    objs = render_values(
+        "slurm",
+        {"compute": {"healthCheck": {"script": script, "interval": 30, "nodeState": "IDLE,CYCLE"}}},
+        tmp_path,
+    )
+    conf = slurm_conf(objs)
+    assert "HealthCheckProgram=/etc/slurm-health/healthcheck" in conf
+    assert "HealthCheckInterval=30" in conf and "HealthCheckNodeState=IDLE,CYCLE" in conf
+    config_map = one(objs, "ConfigMap", "slurm-config")
+    assert config_map["data"]["healthcheck"] == script
+    pod = one(objs, "NodeSet")["spec"]["template"]
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "healthcheck"]
+    assert volume["configMap"] == {
+        "name": "slurm-config",
+        "items": [{"key": "healthcheck", "path": "healthcheck", "mode": 0o755}],
+    }
+    (mount,) = [
+        m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == "healthcheck"
+    ]
+    assert mount["mountPath"] == "/etc/slurm-health" and "subPath" not in mount
+    with pytest.raises(AssertionError, match="nodeState"):
+        render("slurm", "compute.healthCheck.script=x", "compute.healthCheck.nodeState=SOMETIMES")
+
+
 def test_the_service_monitor_scrapes_every_slurmctld_metrics_path_on_the_controller() -> None:
     objs = render(
         "slurm",
