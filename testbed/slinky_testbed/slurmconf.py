@@ -44,6 +44,8 @@ def slurm_conf(
         "SchedulerParameters=batch_sched_delay=0",
         "SlurmdTimeout=300",
         "MailProg=/bin/true",
+        # GPUs, and the count-only GRES the e2e tests give pods as an extended resource.
+        "GresTypes=gpu,widget",
         "MinJobAge=300",
         # slurmctld's own OpenMetrics over HTTP on SlurmctldPort (/metrics/jobs, /nodes,
         # /partitions, /scheduler, /jobs-users-accts); open to anyone without PrivateData.

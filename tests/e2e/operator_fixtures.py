@@ -238,6 +238,8 @@ def start_operator(kubeconfig: Path, log_path: Path, *extra: str) -> OperatorPro
         "--slurm-idle-poll-interval=5s",
         # A Node condition the node-health test sets (as Node Problem Detector would).
         "--drain-node-conditions=SlinkyTestProblem",
+        # The count-only GRES of the extended resource the GRES test gives the real nodes.
+        "--gres-resources=nvidia.com/gpu=gpu,example.com/widget=widget",
         "--log-level=debug",
         *extra,
     ]

@@ -17,8 +17,11 @@ from slinky.kube import rest
 from slinky.operator.nodeset.builder import ANNOTATION_CORDON, ANNOTATION_NODE_CORDON_REASON
 from slinky.operator.resources import NODESETS
 from slinky_testbed import paths
+from slinky_testbed.bed import KWOK_NODE_ANNOTATION
 from slinky_testbed.waiting import wait_for
 from tests.e2e.nodeset_fixtures import Env, gone, nodeset_manifest, wait_idle_nodes
+
+WIDGET = "example.com/widget"
 
 pytestmark = pytest.mark.e2e
 
@@ -353,6 +356,65 @@ async def test_a_slurmd_container_with_limits_registers_that_size(env: Env) -> N
     node = await env.slurm_node(name)
     assert node is not None
     assert (node.cpus, node.real_memory) == (1, 512 - 128)
+
+
+async def test_an_extended_resource_becomes_a_gres_slurm_counts(env: Env) -> None:
+    """The real nodes advertise 2 `example.com/widget` (as a device plugin would); a pod whose
+    slurmd asks for both registers `Gres=widget:2`; of two jobs wanting both, the second
+    waits for the first (Slurm counts the GRES), and both complete."""
+    real = [
+        n["metadata"]["name"]
+        for n in (await env.kube.list(rest.NODES))["items"]
+        if KWOK_NODE_ANNOTATION not in (n["metadata"].get("annotations") or {})
+    ]
+
+    async def advertise(count: str | None) -> None:
+        for name in real:
+            patch = {"status": {"capacity": {WIDGET: count}}}
+            await env.kube.patch(rest.NODES, name, patch, subresource="status")
+
+    await advertise("2")
+    try:
+        manifest = nodeset_manifest("gres", 1)
+        slurmd = manifest["spec"]["template"]["spec"]["containers"][0]
+        slurmd["resources"] = {"limits": {WIDGET: "2"}, "requests": {WIDGET: "2"}}
+        await env.kube.create(NODESETS, manifest, env.namespace)
+        (name,) = await wait_idle_nodes(env, "gres", 1, timeout=90)
+        node = await env.slurm_node(name)
+        assert node is not None and node.raw.get("gres") == "widget:2", node
+
+        def wants_both() -> JSON:
+            return {
+                "name": "e2e-gres",
+                "constraints": "gres",
+                "minimum_nodes": 1,
+                "maximum_nodes": 1,
+                "tasks": 1,
+                "tres_per_node": "gres/widget:2",
+                "current_working_directory": "/tmp",
+                "environment": ["PATH=/usr/bin:/bin"],
+                "time_limit": {"set": True, "number": 5},
+            }
+
+        first = await env.slurm.submit_job(wants_both(), script="#!/bin/sh\nsleep 8\n")
+        await env.running_on(first)
+        second = await env.slurm.submit_job(wants_both(), script="#!/bin/sh\nsleep 1\n")
+
+        async def waiting_for_the_gres() -> bool:
+            job = await env.slurm.get_job(second)
+            return job.is_pending and job.state_reason == "Resources"
+
+        await wait_for(waiting_for_the_gres, timeout=15, what="second job waits for the GRES")
+        assert (await env.slurm.get_job(first)).is_running
+        await env.completed_once(first)
+        await env.completed_once(second)
+    finally:
+        for ns_obj in (await env.kube.list(NODESETS, env.namespace))["items"]:
+            await env.kube.delete(NODESETS, ns_obj["metadata"]["name"], env.namespace)
+        await wait_for(
+            lambda: gone(lambda: env.slurm_node("gres-0")), timeout=60, what="gres-0 gone"
+        )
+        await advertise(None)
 
 
 async def test_cordons_drain_and_uncordon_undrains_but_admin_drain_survives(env: Env) -> None:

@@ -628,6 +628,33 @@ def test_a_health_check_script_runs_on_every_slurmd_pod_and_changes_without_a_ro
         render("slurm", "compute.healthCheck.script=x", "compute.healthCheck.nodeState=SOMETIMES")
 
 
+def test_gres_types_and_gres_conf_reach_slurmctld_and_the_operator_maps_gpus() -> None:
+    assert "GresTypes=gpu" in slurm_conf(render("slurm"))
+    objs = render(
+        "slurm", "slurmConfig.gresTypes={gpu,widget}", "slurmConfig.gresConf=AutoDetect=nvml"
+    )
+    assert "GresTypes=gpu,widget" in slurm_conf(objs)
+    assert one(objs, "ConfigMap", "slurm-config")["data"]["gres.conf"].strip() == "AutoDetect=nvml"
+    init = one(objs, "StatefulSet")["spec"]["template"]["spec"]["initContainers"][0]
+    assert "gres.conf" in init["command"][-1]
+    argv = args_of(
+        one(
+            render(
+                "slurm-operator",
+                "operator.gresResources.example\\.com/widget=widget",
+                namespace="slinky-system",
+            ),
+            "Deployment",
+        )
+    )
+    parsed = operator_main.parse_args(argv[1:])
+    assert parsed.gres_resources == {
+        "amd.com/gpu": "gpu",
+        "example.com/widget": "widget",
+        "nvidia.com/gpu": "gpu",
+    }
+
+
 def test_the_service_monitor_scrapes_every_slurmctld_metrics_path_on_the_controller() -> None:
     objs = render(
         "slurm",

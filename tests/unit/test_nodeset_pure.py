@@ -298,3 +298,35 @@ def test_a_pod_with_limits_gets_them_in_slurmds_conf() -> None:
     pod = builder.build_pod(obj, spec, 0, revision="r", conf_server=None)
     (slurmd,) = pod["spec"]["containers"]
     assert slurmd["args"][-2:] == ["--conf", "Features=cpu CPUs=3 RealMemory=896"]
+
+
+def test_extended_resources_become_gres_counts() -> None:
+    widget = {"example.com/widget": "widget", "nvidia.com/gpu": "gpu", "amd.com/gpu": "gpu"}
+    limits = {"nvidia.com/gpu": "2", "amd.com/gpu": "1", "example.com/widget": "4", "cpu": "2"}
+    got = builder.node_size({"resources": {"limits": limits}}, widget)
+    assert got == {"CPUs": "2", "Gres": "gpu:3,widget:4"}
+    # Not mapped: not a GRES (Slurm refuses a node with a GRES missing from GresTypes).
+    assert builder.node_size({"resources": {"limits": {"example.com/widget": "4"}}}) == {}
+    assert builder.node_size({"resources": {"limits": {"nvidia.com/gpu": "0"}}}) == {}
+    args = builder.slurmd_args(
+        ["--conf", "Gres=gpu:1"], nodeset="g", conf_server=None, node_conf={"Gres": "gpu:2"}
+    )
+    assert args[:2] == ["--conf", "Features=g Gres=gpu:1"], "the user's Gres= wins"
+
+
+def test_gres_resources_flag_parses_and_refuses_what_is_not_a_mapping() -> None:
+    import pytest
+
+    from slinky.operator.main import parse_args, parse_gres_resources
+
+    assert parse_gres_resources("nvidia.com/gpu=gpu, example.com/w = w ,") == {
+        "nvidia.com/gpu": "gpu",
+        "example.com/w": "w",
+    }
+    assert parse_gres_resources("") == {}
+    assert parse_args([]).gres_resources == {"nvidia.com/gpu": "gpu", "amd.com/gpu": "gpu"}
+    for bad in ("gpu", "gpu=gpu", "nvidia.com/gpu="):
+        with pytest.raises(ValueError):
+            parse_gres_resources(bad)
+    with pytest.raises(SystemExit):
+        parse_args(["--gres-resources=gpu"])

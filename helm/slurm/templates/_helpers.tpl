@@ -85,6 +85,7 @@ cannot give.
     - -ec
     - |
       install -m 0644 /mnt/config/slurm.conf /mnt/config/cgroup.conf /etc/slurm/
+      if [ -e /mnt/config/gres.conf ]; then install -m 0644 /mnt/config/gres.conf /etc/slurm/; fi
       install -o {{ .Values.slurmConfig.slurmUser }} -g {{ .Values.slurmConfig.slurmUser }} -m 0600 /mnt/slurm-key/slurm.key /mnt/jwt-key/jwt_hs256.key /etc/slurm/
   volumeMounts:
     - {name: etc-slurm, mountPath: /etc/slurm}

@@ -99,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
         "node while True; undrained when False again",
     )
     p.add_argument(
+        "--gres-resources",
+        default="nvidia.com/gpu=gpu,amd.com/gpu=gpu",
+        help="comma-separated <extended resource>=<GRES name>: a slurmd container's limit of "
+        "such a resource registers its Slurm node with Gres=<name>:<count> (the GRES must be "
+        "in slurm.conf's GresTypes)",
+    )
+    p.add_argument(
         "--metrics-api-bind-address",
         default="0",
         help="host:port of the external.metrics.k8s.io aggregated API over HTTPS "
@@ -121,9 +128,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def parse_gres_resources(text: str) -> dict[str, str]:
+    """`nvidia.com/gpu=gpu,example.com/widget=widget` -> {resource: GRES name}."""
+    out: dict[str, str] = {}
+    for item in filter(None, (i.strip() for i in text.split(","))):
+        resource, sep, name = item.partition("=")
+        if not sep or not resource.strip() or not name.strip() or "/" not in resource:
+            raise ValueError(f"{item!r} is not <extended resource>=<GRES name>")
+        out[resource.strip()] = name.strip()
+    return out
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = build_parser()
     args = p.parse_args(argv)
+    try:
+        args.gres_resources = parse_gres_resources(args.gres_resources)
+    except ValueError as e:
+        p.error(f"argument --gres-resources: {e}")
     process.check_common_flags(p, args)
     return args
 
@@ -175,6 +197,7 @@ class Operator:
                     ),
                     not_ready=self.args.drain_not_ready_nodes,
                 ),
+                gres_resources=self.args.gres_resources,
             )
         )
         nodesets = self.factory.shared(NODESETS)

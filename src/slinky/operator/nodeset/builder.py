@@ -10,8 +10,9 @@ Node size: when the slurmd container has resource limits, the node registers wit
 (`CPUs=` the CPU limit rounded down, at least 1; `RealMemory=` the memory limit in MiB less
 what slurmd and its slurmstepds keep, `memory_reserve_mib`), not with the host's hardware
 that slurmd would detect. Jobs run inside the slurmd container, so its limits are theirs;
-other containers of the pod have limits of their own. A `CPUs=`/`RealMemory=` in the
-user's `--conf` wins.
+other containers of the pod have limits of their own. An extended resource the operator
+maps to a GRES (`--gres-resources`, by default `nvidia.com/gpu` and `amd.com/gpu` to `gpu`)
+adds `Gres=<name>:<count>`. A `CPUs=`/`RealMemory=`/`Gres=` in the user's `--conf` wins.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import json
 import math
 import re
 import shlex
+from collections.abc import Mapping
 
 from slinky.api.v1alpha1 import API_VERSION
 from slinky.api.v1alpha1.nodeset import KIND, LabelSelector, NodeSetSpec
@@ -154,19 +156,31 @@ def memory_reserve_mib(limit_mib: int) -> int:
     return min(128, limit_mib // 4)
 
 
-def node_size(container: JSON) -> dict[str, str]:
-    """`CPUs` and `RealMemory` from the slurmd container's limits ({} for what has none,
-    or a limit Kubernetes would refuse: the pod's creation then fails naming it)."""
+DEFAULT_GRES_RESOURCES: Mapping[str, str] = {"nvidia.com/gpu": "gpu", "amd.com/gpu": "gpu"}
+
+
+def node_size(
+    container: JSON, gres_resources: Mapping[str, str] = DEFAULT_GRES_RESOURCES
+) -> dict[str, str]:
+    """`CPUs`, `RealMemory` and `Gres` from the slurmd container's limits ({} for what has
+    none, or a limit Kubernetes would refuse: the pod's creation then fails naming it).
+    `gres_resources`: extended resource -> GRES name (several may count into one)."""
     limits = (container.get("resources") or {}).get("limits") or {}
     out: dict[str, str] = {}
+    gres: dict[str, int] = {}
     try:
         if "cpu" in limits:
             out["CPUs"] = str(max(1, math.floor(parse_quantity(limits["cpu"]))))
         if "memory" in limits:
             mib = int(parse_quantity(limits["memory"]) // 2**20)
             out["RealMemory"] = str(max(1, mib - memory_reserve_mib(mib)))
+        for resource, name in gres_resources.items():
+            if resource in limits:
+                gres[name] = gres.get(name, 0) + int(parse_quantity(limits[resource]))
     except ValueError:
         return {}
+    if any(gres.values()):
+        out["Gres"] = ",".join(f"{n}:{c}" for n, c in sorted(gres.items()) if c > 0)
     return out
 
 
@@ -198,6 +212,7 @@ def build_pod(
     *,
     revision: str,
     conf_server: str | None,
+    gres_resources: Mapping[str, str] = DEFAULT_GRES_RESOURCES,
 ) -> JSON:
     """The pod for one ordinal of a NodeSet at `revision`."""
     name = str(nodeset_obj["metadata"]["name"])
@@ -233,7 +248,7 @@ def build_pod(
             list(c.get("args") or []),
             nodeset=name,
             conf_server=conf_server,
-            node_conf=node_size(c),
+            node_conf=node_size(c, gres_resources),
         )
         lifecycle = c.setdefault("lifecycle", {})
         lifecycle.setdefault("preStop", pre_stop())

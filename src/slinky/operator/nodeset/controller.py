@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from slinky.kube import events, rest
@@ -110,6 +111,7 @@ def build(
     *,
     workers: int = 4,
     node_health: NodeHealth | None = None,
+    gres_resources: Mapping[str, str] | None = None,
 ) -> Controller:
     nodesets = factory.shared(NODESETS, indexers={BY_CLUSTER: cluster_of_nodeset})
     clusters = factory.shared(CLUSTERS)
@@ -139,6 +141,7 @@ def build(
         expectations=expectations,
         hpas=hpas,
         node_health=node_health,
+        gres_resources=gres_resources,
     )
     ctrl = Controller("nodeset", sync, workers=workers)
     # An HPA made, changed or deleted: the NodeSet it scales (its status changes are not

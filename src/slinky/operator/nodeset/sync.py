@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from collections.abc import Mapping
 
 from slinky.api.schema import ParseError, parse
 from slinky.api.v1alpha1.cluster import ClusterSpec
@@ -157,6 +158,7 @@ class NodeSetSync:
         expectations: Expectations,
         hpas: MultiInformer | None = None,
         node_health: NodeHealth | None = None,
+        gres_resources: Mapping[str, str] | None = None,
     ) -> None:
         self.hpas = hpas
         self.nodesets = nodesets
@@ -179,6 +181,9 @@ class NodeSetSync:
             nodes=nodes,
             expectations=expectations,
             node_health=node_health or NodeHealth(),
+            gres_resources=dict(
+                builder.DEFAULT_GRES_RESOURCES if gres_resources is None else gres_resources
+            ),
         )
 
     # ------------------------------------------------------------ entry
@@ -525,7 +530,12 @@ class NodeSetSync:
         for pvc in builder.build_pvcs(view.obj, view.spec, ordinal):
             await self.ctx.podcontrol.create_if_absent(rest.PVCS, pvc)
         pod = builder.build_pod(
-            view.obj, view.spec, ordinal, revision=view.revision, conf_server=view.conf_server
+            view.obj,
+            view.spec,
+            ordinal,
+            revision=view.revision,
+            conf_server=view.conf_server,
+            gres_resources=self.ctx.gres_resources,
         )
         if not await self.ctx.podcontrol.create_pod(view.exp_key, pod):
             return False

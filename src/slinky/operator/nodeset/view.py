@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,6 +44,10 @@ class Context:
     nodes: Informer
     expectations: Expectations
     node_health: NodeHealth = field(default_factory=NodeHealth)
+    # Extended resource -> Slurm GRES name, for the node size of pods (`builder.node_size`).
+    gres_resources: Mapping[str, str] = field(
+        default_factory=lambda: dict(builder.DEFAULT_GRES_RESOURCES)
+    )
 
 
 @dataclass
