@@ -15,7 +15,6 @@ from slinky.operator.nodeset.builder import (
     ANNOTATION_CONDEMNED_AT,
     ANNOTATION_DRAIN_DEADLINE,
 )
-from slinky.slurm.models import Job
 from tests.unit.test_nodeset_drained import connection
 
 NOW = dt.datetime(2026, 11, 26, 12, 0, tzinfo=dt.UTC)
@@ -49,12 +48,13 @@ async def test_the_latest_end_of_each_nodes_jobs_from_one_job_list() -> None:
     assert [c for c in calls if c.endswith("/jobs/")] == ["/slurm/v0.0.45/jobs/"]
 
 
-async def test_the_informers_jobs_are_used_while_it_polls_them() -> None:
-    conn, calls = connection(lambda req: httpx2.Response(500, json={}))
-    conn.informer.jobs = {j.job_id: j for j in map(Job.parse, JOBS)}
+async def test_jobs_are_read_fresh_even_while_the_informer_polls_them() -> None:
+    # The cache may predate a job that started just before the drain: Slurm is asked.
+    conn, calls = connection(lambda req: httpx2.Response(200, json={"jobs": JOBS}))
+    conn.informer.jobs = {}
     conn.informer.jobs_synced = True
     assert await scalein.JobEnds(conn).deadline("cpu-0", NOW) == at(T0 + 3600)
-    assert calls == []
+    assert [c for c in calls if c.endswith("/jobs/")] == ["/slurm/v0.0.45/jobs/"]
 
 
 async def test_no_job_list_no_deadline() -> None:
@@ -195,3 +195,37 @@ async def test_a_busy_pod_is_condemned_with_its_deadline_and_its_drain_timed_at_
     assert await scalein.remove_all(ctx, view(), [the_pod], "scale-in", "slurm-operator: x") == {}
     assert control.deleted == ["cpu-0"]
     assert REGISTRY.get_sample_value(count, labels) == before + 1
+
+
+async def test_no_deadline_is_read_while_slurm_cannot_be_asked() -> None:
+    """A stale view (slurmctld down): the pod is condemned, the job list is not asked for
+    (the pass is not slowed by a request bound to fail)."""
+    from types import SimpleNamespace
+    from typing import Any
+
+    from slinky.api.schema import parse
+    from slinky.api.v1alpha1.nodeset import NodeSetSpec
+    from slinky.operator.nodeset.view import View
+
+    conn, calls = connection(lambda req: httpx2.Response(200, json={"jobs": JOBS}), stale=True)
+    patches: list[dict[str, Any]] = []
+
+    async def patch_metadata(pod: Any, *, annotations: dict[str, Any]) -> None:
+        patches.append(annotations)
+
+    ctx: Any = SimpleNamespace(
+        podcontrol=SimpleNamespace(patch_metadata=patch_metadata),
+        recorder=SimpleNamespace(event=lambda *a, **k: None),
+    )
+    the_pod = {
+        "metadata": {"name": "cpu-0", "namespace": "ns", "uid": "p0", "annotations": {}},
+        "spec": {"nodeName": "k1"},
+    }
+    obj = {"metadata": {"name": "ddl", "namespace": "ns", "uid": "nsuid"}, "spec": {}}
+    spec = parse(NodeSetSpec, {"clusterName": "slurm", "selector": {}, "template": {}}, "spec")
+    view = View(obj, spec, "ns/ddl", "ns/ddl/nsuid", "r", None, conn, {"cpu-0": the_pod}, {})
+    waiting = await scalein.remove_all(ctx, view, [the_pod], "scale-in", "slurm-operator: x")
+    assert waiting == {"cpu-0": scalein.Drained.UNKNOWN}
+    (patch,) = patches
+    assert patch[ANNOTATION_CONDEMNED] == "scale-in" and ANNOTATION_DRAIN_DEADLINE not in patch
+    assert calls == []

@@ -197,8 +197,9 @@ async def check_drained(
 class JobEnds:
     """When the jobs on each Slurm node end at the latest (Slurm's `end_time` of a running
     job: its start plus its time limit), read at most once per removal step and only when
-    a pod is condemned: from the informer's cache while it polls jobs, else one `GET /jobs`.
-    None when Slurm cannot be read (the pod's deadline is then written by a later pass)."""
+    a pod is condemned: one `GET /jobs` made after the drains (not the informer's cache,
+    which may predate a job that started just before). None when Slurm cannot be read
+    (the pod's deadline is then written by a later pass)."""
 
     def __init__(self, conn: Connection | None) -> None:
         self.conn = conn
@@ -217,17 +218,13 @@ class JobEnds:
 
     @staticmethod
     async def _ends(conn: Connection) -> dict[str, int] | None:
-        if conn.informer.jobs_synced:
-            jobs = list(conn.informer.jobs.values())
-        else:
-            try:
-                listed, _ = await conn.client.list_jobs()
-            except errors.SlurmError as e:
-                log.info("cannot list Slurm jobs for drain deadlines (%s); next pass", e)
-                return None
-            jobs = listed or []
+        try:
+            jobs, _ = await conn.client.list_jobs()
+        except errors.SlurmError as e:
+            log.info("cannot list Slurm jobs for drain deadlines (%s); next pass", e)
+            return None
         ends: dict[str, int] = {}
-        for job in jobs:
+        for job in jobs or []:
             holds = not job.is_pending and (not job.is_finished or "COMPLETING" in job.state)
             if not holds or not job.end_time:
                 continue
@@ -282,7 +279,10 @@ async def remove_when_drained(
     if not verdict.safe:
         # Condemned: a restarted operator resumes this removal instead of choosing anew.
         deadline = None
-        if scheduled and pods.annotation(pod, ANNOTATION_DRAIN_DEADLINE) is None:
+        # Only after Slurm answered about this node (not while it cannot be asked: the
+        # deadline waits for a pass where it can, and costs that pass nothing).
+        answered = verdict in (Drained.BUSY, Drained.NOT_DRAIN)
+        if answered and pods.annotation(pod, ANNOTATION_DRAIN_DEADLINE) is None:
             ends = job_ends or JobEnds(view.conn)
             deadline = await ends.deadline(name, dt.datetime.now(dt.UTC))
         changes = condemnation(pod, why, deadline)
