@@ -254,6 +254,18 @@ def test_why_a_condemned_busy_pod_names_its_jobs() -> None:
     lines = why.explain_pod(w, w.pods[0], [])["why"]
     assert lines[0] == "leaving: scale-in"
     assert "finish 2 jobs: 7 alice job7 (ends in 10m at the latest)" in lines[1]
+    w.pods[0]["metadata"]["annotations"].update(
+        {
+            "nodeset.slinky.slurm.net/condemned-at": "2026-11-26T12:00:00Z",
+            "nodeset.slinky.slurm.net/drain-deadline": "2026-11-26T12:10:00Z",
+        }
+    )
+    out = why.explain_pod(w, w.pods[0], [])
+    assert out["why"][1] == (
+        "condemned since 2026-11-26T12:00:00Z; its node's jobs end by 2026-11-26T12:10:00Z "
+        "at the latest (time limits)"
+    )
+    assert out["pod"]["drainDeadline"] == "2026-11-26T12:10:00Z"
 
 
 def test_flags_are_kubectls() -> None:

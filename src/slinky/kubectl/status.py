@@ -9,7 +9,11 @@ from slinky.kubectl.render import Style
 from slinky.kubectl.world import BRIDGE_JOBID_LABEL, SlurmSide, World
 from slinky.operator.autoscale.metrics import nodeset_partition
 from slinky.operator.nodeset import pods as podfacts
-from slinky.operator.nodeset.builder import LABEL_PROTECT
+from slinky.operator.nodeset.builder import (
+    ANNOTATION_CONDEMNED_AT,
+    ANNOTATION_DRAIN_DEADLINE,
+    LABEL_PROTECT,
+)
 from slinky.operator.nodeset.view import belongs_to
 from slinky.slurm.models import Job, Node
 from slinky.types import JSON
@@ -80,6 +84,9 @@ def pod_entry(pod: JSON, side: SlurmSide | None, now: float) -> JSON:
         "slurmState": str(node.state) if node else None,
         "slurmReason": (node.reason or None) if node else None,
         "condemned": podfacts.condemned(pod),
+        # Since when, and when its node's jobs end at the latest (the operator's record).
+        "condemnedAt": podfacts.annotation(pod, ANNOTATION_CONDEMNED_AT),
+        "drainDeadline": podfacts.annotation(pod, ANNOTATION_DRAIN_DEADLINE),
         "busyProtected": (meta.get("labels") or {}).get(LABEL_PROTECT) == "true",
         "jobs": [job_entry(j, now) for j in side.jobs_on(name)] if side and node else [],
     }

@@ -62,6 +62,16 @@ def explain_pod(world: World, pod: JSON, events: list[JSON]) -> JSON:
         else:
             why = entry["condemned"] or "its deletion was requested"
             lines.append(f"leaving: {why}")
+            if entry["condemnedAt"]:
+                deadline = entry["drainDeadline"]
+                lines.append(
+                    f"condemned since {entry['condemnedAt']}"
+                    + (
+                        f"; its node's jobs end by {deadline} at the latest (time limits)"
+                        if deadline
+                        else ""
+                    )
+                )
             state = entry["slurmState"] or "not registered"
             if entry["jobs"]:
                 lines.append(
