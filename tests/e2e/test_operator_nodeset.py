@@ -417,6 +417,67 @@ async def test_an_extended_resource_becomes_a_gres_slurm_counts(env: Env) -> Non
         await advertise(None)
 
 
+async def test_a_node_record_restored_with_an_earlier_pods_address_is_pointed_at_the_pod(
+    env: Env,
+) -> None:
+    """Soak run 6: a new pod's slurmd registered, then slurmctld was killed and came back
+    from state saved before that, with the node record of the pod before it (its IP, no
+    slurmd start time). slurmctld pinged an address no one had: the node stopped
+    responding, and a job slurmctld believed running there never finished completing. The
+    operator points the record at the pod's IP; the pod is not replaced."""
+    await env.kube.create(NODESETS, nodeset_manifest("readdr", 1), env.namespace)
+    (name,) = await wait_idle_nodes(env, "readdr", 1)
+    first = await env.kube.get(rest.PODS, name, env.namespace)
+    node = await env.slurm_node(name)
+    assert node is not None and node.address == first["status"]["podIP"]
+    state = env.testbed.root / "var" / "spool" / "slurmctld" / "node_state"
+
+    def saved() -> bool:  # a save after the registration (whole seconds: one more)
+        return state.exists() and state.stat().st_mtime > node.slurmd_start_time + 1
+
+    await wait_for(saved, timeout=60, interval=0.5, what="node state saved")
+    old_state = state.read_bytes()
+
+    await env.kube.delete(rest.PODS, name, env.namespace)
+
+    async def replaced() -> JSON | None:
+        pod = (await env.kube.list(rest.PODS, env.namespace))["items"]
+        new = [p for p in pod if p["metadata"]["name"] == name]
+        if not new or new[0]["metadata"]["uid"] == first["metadata"]["uid"]:
+            return None
+        got = await env.slurm_node(name)
+        ip = new[0]["status"].get("podIP")
+        return new[0] if got is not None and ip and got.address == ip else None
+
+    second = await wait_for(replaced, timeout=90, interval=0.5, what="new pod registered")
+    await wait_idle_nodes(env, "readdr", 1)
+    ip = second["status"]["podIP"]
+
+    # slurmctld comes back from the state saved before the new pod registered.
+    env.testbed.kill_component("slurmctld")
+    state.write_bytes(old_state)
+    env.testbed.start_component("slurmctld")
+    restored = await wait_for(
+        lambda: env.slurm_node(name), timeout=60, interval=0.5, what="slurmctld answers"
+    )
+    assert (restored.address, restored.slurmd_start_time) == (first["status"]["podIP"], 0)
+
+    async def reachable() -> bool:
+        got = await env.slurm_node(name)
+        return (
+            got is not None
+            and got.address == ip
+            and got.slurmd_start_time > 0
+            and not got.state.has("NOT_RESPONDING")
+        )
+
+    await wait_for(reachable, timeout=60, interval=0.5, what="the record points at the pod")
+    pod = await env.kube.get(rest.PODS, name, env.namespace)
+    assert pod["metadata"]["uid"] == second["metadata"]["uid"], "the pod was replaced"
+    events = (await env.kube.list(rest.EVENTS, env.namespace))["items"]
+    assert any(e.get("reason") == "SlurmNodeReaddressed" for e in events)
+
+
 async def test_cordons_drain_and_uncordon_undrains_but_admin_drain_survives(env: Env) -> None:
     await env.kube.create(NODESETS, nodeset_manifest("cord", 3), env.namespace)
     a, b, c = await wait_idle_nodes(env, "cord", 3)

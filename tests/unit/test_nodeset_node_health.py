@@ -100,3 +100,34 @@ def test_the_kept_node_has_conditions_without_heartbeats() -> None:
     later = dict(full["status"]["conditions"][0], lastHeartbeatTime="2026-11-26T12:00:10Z")
     beat = {**full, "status": {**full["status"], "conditions": [later]}}
     assert slim_node(beat) == slim, "a heartbeat is no change"
+
+
+def test_a_node_record_restored_with_an_earlier_pods_address_is_stale() -> None:
+    from slinky.slurm.models import Node
+
+    ready = {
+        "metadata": {"name": "cpu-0"},
+        "status": {
+            "podIP": "10.0.0.17",
+            "conditions": [{"type": "Ready", "status": "True"}],
+        },
+    }
+
+    def node(address: str, started: int) -> Node:
+        return Node.parse(
+            {
+                "name": "cpu-0",
+                "address": address,
+                "slurmd_start_time": {"set": True, "number": started},
+            }
+        )
+
+    # Soak run 6: the predecessor's address, no slurmd started since the restore.
+    assert mirror.stale_address(ready, node("10.0.0.16", 0)) == "10.0.0.17"
+    assert mirror.stale_address(ready, node("10.0.0.17", 0)) is None  # the pod's own
+    # A running slurmd registered this record: its address is right for slurmctld (NAT).
+    assert mirror.stale_address(ready, node("192.168.1.4", 1795727000)) is None
+    not_ready = {**ready, "status": {**ready["status"], "conditions": []}}
+    assert mirror.stale_address(not_ready, node("10.0.0.16", 0)) is None
+    no_ip = {**ready, "status": {"conditions": ready["status"]["conditions"]}}
+    assert mirror.stale_address(no_ip, node("10.0.0.16", 0)) is None

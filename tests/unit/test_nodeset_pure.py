@@ -249,7 +249,7 @@ def test_the_cached_pod_keeps_what_the_operator_reads_and_answers_alike() -> Non
     cached = pods.slim(pod)
     assert "managedFields" not in cached["metadata"]
     assert cached["spec"] == {"nodeName": "node-1"}
-    assert set(cached["status"]) == {"phase", "conditions"}
+    assert set(cached["status"]) == {"phase", "conditions", "podIP"}
     assert json.loads(json.dumps(cached)) == cached, "still plain JSON"
     for p in (pod, cached):
         assert pods.name(p) == "cpu-0" and pods.node_name(p) == "node-1"

@@ -114,6 +114,9 @@ class Node:
     hostname: str = ""
     port: int = 0
     reason_set_by_user: str = ""
+    # When the slurmd of this record registered; 0 for a record no running slurmd made
+    # (restored from slurmctld's saved state, or made with `scontrol create`).
+    slurmd_start_time: int = 0
     raw: JSON = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -134,6 +137,7 @@ class Node:
             hostname=str(raw.get("hostname") or ""),
             port=int(raw.get("port") or 0),
             reason_set_by_user=str(raw.get("reason_set_by_user") or ""),
+            slurmd_start_time=number(raw.get("slurmd_start_time")) or 0,
             raw=raw,
         )
 

@@ -2,7 +2,9 @@
 
 Slurm -> pods: each pod gets `SlurmNodeState*` conditions mirroring its Slurm node, the
 `pod-protect` label while jobs run (the PodDisruptionBudget selects it), and its identity
-goes into the Slurm node's comment.
+goes into the Slurm node's comment. A node record slurmctld restored from state saved
+before the pod's slurmd registered (`stale_address`: an earlier pod's NodeAddr, no slurmd
+start time) is pointed at the pod's IP, so slurmctld reaches the slurmd that runs there.
 
 Kubernetes -> Slurm: a `pod-cordon` annotation, or a problem of the pod's Kubernetes node
 (`node_problem`: cordoned, NotReady, or a condition the operator was told to watch, such as
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
+import logging
 from collections.abc import Awaitable, Callable
 
 from slinky.kube import conditions, events
@@ -30,8 +33,11 @@ from slinky.operator.nodeset.builder import (
     slurm_comment,
 )
 from slinky.operator.nodeset.view import Context, NodeHealth, View
+from slinky.slurm.errors import SlurmError
 from slinky.slurm.models import Node
 from slinky.types import JSON
+
+log = logging.getLogger(__name__)
 
 # How long after a pod became Ready its Slurm node is waited for with fast polls (so its
 # comment and state show up at once); a slurmd that never registers (kwok, a broken image)
@@ -97,6 +103,40 @@ def changed_conditions(pod: JSON, node: Node) -> list[JSON]:
     return changed
 
 
+def stale_address(pod: JSON, node: Node) -> str | None:
+    """The pod's IP when its Slurm node's record is not its slurmd's registration but one
+    slurmctld restored from state saved before it (soak run 6: a rolling update's new pod
+    registered, slurmctld was killed and came back with its predecessor's record): the
+    address is another pod's and no slurmd started since. slurmctld then pings an address
+    no one has, the node stops responding, and a job it believes running there never
+    finishes completing. None otherwise, in particular for a record a running slurmd made
+    (its NodeAddr may differ from the pod IP behind NAT: left alone)."""
+    ip = (pod.get("status") or {}).get("podIP")
+    if not ip or not node.address or node.address == ip or node.slurmd_start_time:
+        return None
+    return str(ip) if pods.is_ready(pod) else None
+
+
+async def readdress(ctx: Context, view: View, conn: Connection, pod: JSON, ip: str) -> None:
+    name = pods.name(pod)
+    node = conn.informer.nodes.get(name)
+    if node is None:
+        return
+    try:
+        await conn.client.update_node(name, extra={"address": ip})
+    except SlurmError as e:
+        log.info("nodeset %s: cannot set the address of Slurm node %s (%s)", view.key, name, e)
+        return
+    ctx.recorder.event(
+        view.obj,
+        events.WARNING,
+        "SlurmNodeReaddressed",
+        f"Slurm node {name} had the address of an earlier pod ({node.address}; slurmctld "
+        f"restored it from saved state): set to the pod's {ip}",
+    )
+    log.warning("nodeset %s: Slurm node %s readdressed %s -> %s", view.key, name, node.address, ip)
+
+
 async def mirror_slurm(ctx: Context, view: View) -> None:
     """Writes only what changed, concurrently (bounded): when many jobs end at once, the
     pods of their nodes must not wait for each other's patches before the scale-in step."""
@@ -104,6 +144,9 @@ async def mirror_slurm(ctx: Context, view: View) -> None:
     conn = view.conn
     work: list[Callable[[], Awaitable[None]]] = []
     for pod, node in view.pods_with_nodes():
+        ip = stale_address(pod, node)
+        if ip is not None:
+            work.append(functools.partial(readdress, ctx, view, conn, pod, ip))
         changed = changed_conditions(pod, node)
         protect = "true" if node.state.is_busy else None
         comment = slurm_comment(pod) if pods.node_name(pod) else node.comment

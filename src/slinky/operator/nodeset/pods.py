@@ -69,8 +69,9 @@ class CachedPod(dict[str, Any]):
 
 def slim(pod: JSON) -> JSON:
     """The part of a pod the operator reads: metadata without managedFields,
-    `spec.nodeName`, `status.phase` and `status.conditions`. A 5,000-pod cache is a fraction
-    of the size of whole pods; the operator never writes a cached pod back (it patches)."""
+    `spec.nodeName`, `status.phase`, `status.conditions` and `status.podIP`. A 5,000-pod
+    cache is a fraction of the size of whole pods; the operator never writes a cached pod
+    back (it patches)."""
     meta = {k: v for k, v in pod["metadata"].items() if k != "managedFields"}
     spec = pod.get("spec") or {}
     status = pod.get("status") or {}
@@ -80,7 +81,7 @@ def slim(pod: JSON) -> JSON:
             "kind": pod.get("kind"),
             "metadata": meta,
             "spec": {"nodeName": spec["nodeName"]} if spec.get("nodeName") else {},
-            "status": {k: status[k] for k in ("phase", "conditions") if k in status},
+            "status": {k: status[k] for k in ("phase", "conditions", "podIP") if k in status},
         }
     )
 
