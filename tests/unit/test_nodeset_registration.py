@@ -183,10 +183,18 @@ async def test_a_ready_pod_whose_idle_node_stopped_responding_is_replaced_once_s
 
     late = mirror.REGISTRATION_DEADLINE_S + 30
     since = (dt.datetime.now(dt.UTC) - dt.timedelta(seconds=late)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    states = {"cpu-0": ["IDLE", "NOT_RESPONDING"], "cpu-1": ["MIXED", "NOT_RESPONDING"]}
+    states = {
+        "cpu-0": ["IDLE", "NOT_RESPONDING"],
+        "cpu-1": ["MIXED", "NOT_RESPONDING"],
+        # Soak run 6: SlurmdTimeout later, slurmctld set it DOWN; no job is on it any more.
+        "cpu-2": ["DOWN", "NOT_RESPONDING"],
+        # An admin's DOWN is never undone by a new pod.
+        "cpu-3": ["DOWN", "NOT_RESPONDING"],
+    }
+    reasons = {"cpu-2": "Not responding", "cpu-3": "admin: bad PSU"}
     sync, view, deletes = setup(list(states), {n: late for n in states})
     assert view.conn is not None
-    raw = {n: {"name": n, "state": s} for n, s in states.items()}
+    raw = {n: {"name": n, "state": s, "reason": reasons.get(n, "")} for n, s in states.items()}
     view.conn.informer.nodes = {n: Node.parse(r) for n, r in raw.items()}
 
     def handler(req: httpx2.Request) -> httpx2.Response:
@@ -203,7 +211,7 @@ async def test_a_ready_pod_whose_idle_node_stopped_responding_is_replaced_once_s
         )
     sync.rescuing = {}
     await sync.replace_unreachable(view)
-    assert deletes.deleted == ["cpu-0"]  # cpu-1 runs a job: Slurm's to handle
+    assert deletes.deleted == ["cpu-0", "cpu-2"]  # cpu-1 runs a job: Slurm's to handle
     ((ctype, ok, reason, message),) = view.conditions
     assert (ctype, ok, reason) == (RESPONDING, False, "SlurmNodeNotResponding")
-    assert "cpu-0" in message and "cpu-1" not in message
+    assert "cpu-0" in message and "cpu-1" not in message and "cpu-3" not in message

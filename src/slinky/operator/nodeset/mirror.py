@@ -211,14 +211,18 @@ def unregistered(view: View) -> list[JSON]:
     return out
 
 
-def idle_unresponsive(node: Node) -> bool:
-    """IDLE (no job, none completing) and NOT_RESPONDING."""
+def unresponsive_without_jobs(node: Node) -> bool:
+    """NOT_RESPONDING with no job on it and none completing: IDLE, or DOWN as slurmctld sets
+    a node that stopped responding (reason "Not responding"; it ended the jobs there). A
+    DOWN with any other reason is an admin's or Slurm's word, never undone by a new pod."""
     s = node.state
-    return s.has("NOT_RESPONDING") and s.base == "IDLE" and not s.has("COMPLETING")
+    if not s.has("NOT_RESPONDING") or s.has("COMPLETING"):
+        return False
+    return s.base == "IDLE" or (s.base == "DOWN" and node.reason == "Not responding")
 
 
 def unreachable(view: View) -> list[JSON]:
-    """Active Ready pods whose own Slurm node has been IDLE and NOT_RESPONDING for over
+    """Active Ready pods whose own Slurm node has been NOT_RESPONDING without jobs for over
     REGISTRATION_DEADLINE_S (the mirrored condition's transition time), by a view polled
     after that: slurmctld pings an address the pod no longer has (a kill -9 restored the
     node record of the pod's predecessor, saved before this pod registered) or its slurmd
@@ -231,7 +235,7 @@ def unreachable(view: View) -> list[JSON]:
     for pod, node in view.pods_with_nodes():
         if pods.condemned(pod) is not None or pods.ready_since(pod) is None:
             continue
-        if not idle_unresponsive(node):
+        if not unresponsive_without_jobs(node):
             continue
         cond = conditions.find(
             (pod.get("status") or {}).get("conditions"), "SlurmNodeStateNotResponding"

@@ -405,11 +405,11 @@ class NodeSetSync:
             view.moved(pod)
 
     async def replace_unreachable(self, view: View) -> None:
-        """Pods Ready whose own Slurm node has been IDLE and NOT_RESPONDING past the deadline
-        (`mirror.unreachable`) are named in the condition `SlurmNodesResponding` and
-        replaced (at most once per backoff period): Slurm confirms, right before, that the
-        node is still IDLE and NOT_RESPONDING and this pod's, so no job is on it. A node with
-        jobs is left to Slurm (SlurmdTimeout)."""
+        """Pods Ready whose own Slurm node has been NOT_RESPONDING without jobs past the
+        deadline (`mirror.unreachable`: IDLE, or DOWN by slurmctld for not responding) are
+        named in the condition `SlurmNodesResponding` and replaced (at most once per backoff
+        period): Slurm confirms, right before, that the node is still so and this pod's, so
+        no job is on it. A node with jobs is left to Slurm (SlurmdTimeout)."""
         uid = str(view.obj["metadata"]["uid"])
         stuck = mirror.unreachable(view)
         if not stuck:
@@ -423,7 +423,7 @@ class NodeSetSync:
                 False,
                 "SlurmNodeNotResponding",
                 f"Ready for over {mirror.REGISTRATION_DEADLINE_S:.0f}s while Slurm says their "
-                f"idle nodes do not respond: {names} (slurmctld pings an old address, or "
+                f"nodes, without jobs, do not respond: {names} (slurmctld pings an old address, or "
                 "slurmd hangs); replaced",
             )
         )
@@ -437,14 +437,16 @@ class NodeSetSync:
                 node = await view.conn.client.get_node(name)
             except errors.SlurmError:
                 continue
-            if not mirror.idle_unresponsive(node) or not belongs_to(node, view.namespace, name):
+            if not mirror.unresponsive_without_jobs(node) or not belongs_to(
+                node, view.namespace, name
+            ):
                 continue
             if await self.ctx.podcontrol.delete_pod(view.exp_key, pod):
                 self.ctx.recorder.event(
                     view.obj,
                     events.WARNING,
                     "SlurmNodeNotResponding",
-                    f"pod {name} is Ready but its idle Slurm node has not responded for over "
+                    f"pod {name} is Ready but its Slurm node (no jobs) has not responded for over "
                     f"{mirror.REGISTRATION_DEADLINE_S:.0f}s; replacing the pod (a new slurmd "
                     "registers anew)",
                 )
