@@ -7,7 +7,9 @@
 - Pods in the bridge's managed namespace, `restartPolicy: Never`, `sleep` of random length:
   single pods and gangs of two (a scheduler-plugins PodGroup); once finished, some are
   deleted and some left in place. On kwok nodes nothing runs a container, so the soak plays
-  the kubelet there: a pod that has run its time is reported Succeeded.
+  the kubelet there: a pod that has run its time is reported Succeeded, and one whose
+  deletion was requested while it ran is reported Failed (its containers stopped, as a
+  kubelet does; kwok only removes the pod, which the bridge's finalizer holds until then).
 
 Each stream draws what it submits from its own seeded generator (the n-th job is the same
 for a seed); when it submits depends on the cluster (a stream waits while its backlog is
@@ -345,7 +347,11 @@ async def tend_bridge_pods(soak: Soak, listing: list[JSON], asked_at: float) -> 
         if bp.phase in TERMINAL and bp.finished_at is None:
             bp.finished_at = asked_at
         started = status.get("startTime")
-        if (
+        if bp.phase == "Running" and bp.node in kwok and pod["metadata"].get("deletionTimestamp"):
+            # Soak run 7: the bridge deleted such a pod 5 s after Slurm lost its job's
+            # allocation, and it stayed Running, bound, until its simulated time was up.
+            await act(end_kwok_pod(soak, bp.name, phase="Failed"))
+        elif (
             bp.phase == "Running"
             and bp.node in kwok
             and started
@@ -358,8 +364,8 @@ async def tend_bridge_pods(soak: Soak, listing: list[JSON], asked_at: float) -> 
     await delete_finished_groups(soak)
 
 
-async def end_kwok_pod(soak: Soak, name: str) -> None:
-    patch = {"status": {"phase": "Succeeded"}}
+async def end_kwok_pod(soak: Soak, name: str, *, phase: str = "Succeeded") -> None:
+    patch = {"status": {"phase": phase}}
     await soak.kube.patch(rest.PODS, name, patch, BRIDGE_NAMESPACE, subresource="status")
 
 
