@@ -8,7 +8,7 @@ import datetime as dt
 
 import httpx2
 
-from slinky.operator.autoscale.metrics import ObjectGauges, drain_times
+from slinky.operator.autoscale.metrics import ObjectGauges, condemned_notes, drain_times
 from slinky.operator.nodeset import scalein
 from slinky.operator.nodeset.builder import (
     ANNOTATION_CONDEMNED,
@@ -113,7 +113,7 @@ def test_drain_gauges_take_the_earliest_condemned_pod_and_vanish_without_one() -
         # Kept again (un-condemned) but not yet cleaned: not counted.
         pod(**{ANNOTATION_CONDEMNED_AT: "2026-11-26T10:00:00Z"}),
     ]
-    assert drain_times(nodeset, lambda uid: condemned) == (T0 - 3600, T0 + 3600)
+    assert drain_times(condemned_notes(nodeset, lambda uid: condemned)) == (T0 - 3600, T0 + 3600)
     pods = {"u1": condemned}
     fams = {f.name: f for f in ObjectGauges(lambda: [nodeset], list, pods.__getitem__).collect()}
     (started,) = fams["slinky_nodeset_drain_started_timestamp_seconds"].samples

@@ -242,33 +242,33 @@ REPLICA_STATES = {
 PodsOf = Callable[[str], Iterable[JSON]]
 
 
-def replica_counts(obj: JSON, pods_of: PodsOf) -> dict[str, int]:
-    """A NodeSet's numbers as `kubectl get nodesets` shows them, and its condemned pods
-    (chosen for scale-in, update or deletion: draining, or waiting for their jobs)."""
+def condemned_notes(obj: JSON, pods_of: PodsOf) -> list[JSON]:
+    """The annotations of a NodeSet's condemned pods (chosen for scale-in, update or
+    deletion: draining, or waiting for their jobs): one pass over its pods per scrape."""
+    uid = str(obj["metadata"].get("uid") or "")
+    notes = (((p.get("metadata") or {}).get("annotations") or {}) for p in pods_of(uid))
+    return [n for n in notes if n.get(ANNOTATION_CONDEMNED)]
+
+
+def replica_counts(obj: JSON, condemned: list[JSON]) -> dict[str, int]:
+    """A NodeSet's numbers as `kubectl get nodesets` shows them, and how many of its pods
+    are condemned (`condemned_notes`)."""
     counts = {
         state: int((obj.get(part) or {}).get(field) or 0)
         for state, (part, field) in REPLICA_STATES.items()
     }
     counts["desired"] = int((obj.get("spec") or {}).get("replicas", 1) or 0)
-    uid = str(obj["metadata"].get("uid") or "")
-    counts["condemned"] = sum(
-        1
-        for p in pods_of(uid)
-        if ((p.get("metadata") or {}).get("annotations") or {}).get(ANNOTATION_CONDEMNED)
-    )
+    counts["condemned"] = len(condemned)
     return counts
 
 
-def drain_times(obj: JSON, pods_of: PodsOf) -> tuple[float | None, float | None]:
-    """Of a NodeSet's condemned pods: the earliest condemnation and the earliest drain
-    deadline (when the last job on that pod's node ends by its time limit), as Unix
-    times; None when no pod says."""
+def drain_times(condemned: list[JSON]) -> tuple[float | None, float | None]:
+    """Of a NodeSet's condemned pods (`condemned_notes`): the earliest condemnation and the
+    earliest drain deadline (when the last job on that pod's node ends by its time limit),
+    as Unix times; None when no pod says."""
     started: list[float] = []
     deadlines: list[float] = []
-    for p in pods_of(str(obj["metadata"].get("uid") or "")):
-        notes = (p.get("metadata") or {}).get("annotations") or {}
-        if not notes.get(ANNOTATION_CONDEMNED):
-            continue
+    for notes in condemned:
         for key, into in (
             (ANNOTATION_CONDEMNED_AT, started),
             (ANNOTATION_DRAIN_DEADLINE, deadlines),
@@ -309,9 +309,10 @@ class ObjectGauges(Collector):
         )
         for obj in self.nodesets():
             meta = obj["metadata"]
-            for state, value in replica_counts(obj, self.pods_of).items():
+            condemned = condemned_notes(obj, self.pods_of)
+            for state, value in replica_counts(obj, condemned).items():
                 replicas.add_metric([meta["namespace"], meta["name"], state], value)
-            since, until = drain_times(obj, self.pods_of)
+            since, until = drain_times(condemned)
             if since is not None:
                 started.add_metric([meta["namespace"], meta["name"]], since)
             if until is not None:
