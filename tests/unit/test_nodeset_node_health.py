@@ -131,3 +131,45 @@ def test_a_node_record_restored_with_an_earlier_pods_address_is_stale() -> None:
     assert mirror.stale_address(not_ready, node("10.0.0.16", 0)) is None
     no_ip = {**ready, "status": {"conditions": ready["status"]["conditions"]}}
     assert mirror.stale_address(no_ip, node("10.0.0.16", 0)) is None
+
+
+async def test_a_stale_record_is_readdressed_once_slurm_confirms_it() -> None:
+    """A live read before the write: passes made before the cache shows the new address
+    write nothing more."""
+    import json as jsonlib
+
+    import httpx2
+
+    from slinky.api.schema import parse
+    from slinky.api.v1alpha1.nodeset import NodeSetSpec
+    from slinky.operator.nodeset.view import View
+    from tests.unit.test_nodeset_drained import connection
+
+    record = {
+        "name": "cpu-0",
+        "address": "10.0.0.16",
+        "slurmd_start_time": {"set": True, "number": 0},
+    }
+    posts: list[object] = []
+
+    def handler(req: httpx2.Request) -> httpx2.Response:
+        if req.method == "POST":
+            posts.append(jsonlib.loads(req.content))
+            record["address"] = "10.0.0.17"
+            return httpx2.Response(200, json={})
+        return httpx2.Response(200, json={"nodes": [record]})
+
+    conn, _ = connection(handler)
+    pod = {
+        "metadata": {"name": "cpu-0", "namespace": "ns"},
+        "status": {"podIP": "10.0.0.17", "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+    events: list[str] = []
+    ctx: Any = SimpleNamespace(recorder=SimpleNamespace(event=lambda *a: events.append(a[2])))
+    obj = {"metadata": {"name": "cpu", "namespace": "ns", "uid": "u"}, "spec": {}}
+    spec = parse(NodeSetSpec, {"clusterName": "slurm", "selector": {}, "template": {}}, "spec")
+    view = View(obj, spec, "ns/cpu", "ns/cpu/u", "r", None, conn, {"cpu-0": pod}, {})
+    for _ in range(3):  # the cache still shows the old address
+        await mirror.readdress(ctx, view, conn, pod)
+    assert posts == [{"address": "10.0.0.17"}]
+    assert events == ["SlurmNodeReaddressed"]

@@ -32,7 +32,7 @@ from slinky.operator.nodeset.builder import (
     REASON_PREFIX,
     slurm_comment,
 )
-from slinky.operator.nodeset.view import Context, NodeHealth, View
+from slinky.operator.nodeset.view import Context, NodeHealth, View, belongs_to
 from slinky.slurm.errors import SlurmError
 from slinky.slurm.models import Node
 from slinky.types import JSON
@@ -117,12 +117,15 @@ def stale_address(pod: JSON, node: Node) -> str | None:
     return str(ip) if pods.is_ready(pod) else None
 
 
-async def readdress(ctx: Context, view: View, conn: Connection, pod: JSON, ip: str) -> None:
+async def readdress(ctx: Context, view: View, conn: Connection, pod: JSON) -> None:
+    """Point the pod's Slurm node record at the pod's IP (`stale_address`), after a live
+    read confirms it: passes made before the cache shows the write do not repeat it."""
     name = pods.name(pod)
-    node = conn.informer.nodes.get(name)
-    if node is None:
-        return
     try:
+        node = await conn.client.get_node(name)
+        ip = stale_address(pod, node) if belongs_to(node, view.namespace, name) else None
+        if ip is None:
+            return
         await conn.client.update_node(name, extra={"address": ip})
     except SlurmError as e:
         log.info("nodeset %s: cannot set the address of Slurm node %s (%s)", view.key, name, e)
@@ -144,9 +147,8 @@ async def mirror_slurm(ctx: Context, view: View) -> None:
     conn = view.conn
     work: list[Callable[[], Awaitable[None]]] = []
     for pod, node in view.pods_with_nodes():
-        ip = stale_address(pod, node)
-        if ip is not None:
-            work.append(functools.partial(readdress, ctx, view, conn, pod, ip))
+        if stale_address(pod, node) is not None:
+            work.append(functools.partial(readdress, ctx, view, conn, pod))
         changed = changed_conditions(pod, node)
         protect = "true" if node.state.is_busy else None
         comment = slurm_comment(pod) if pods.node_name(pod) else node.comment
