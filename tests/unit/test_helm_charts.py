@@ -248,7 +248,7 @@ def test_operator_deployment_passes_only_flags_the_operator_knows() -> None:
     assert parsed.namespace == ["a", "b"]
     assert parsed.slurm_watch_jobs is True
     assert parsed.drain_not_ready_nodes is False
-    assert parsed.drain_node_conditions == "KernelDeadlock,ReadonlyFilesystem"
+    assert parsed.drain_node_conditions == {"KernelDeadlock", "ReadonlyFilesystem"}
     assert parsed.metrics_api_bind_address == ":8443"
     # Graceful shutdown fits in the pod's grace period (the Lease is released in time).
     grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]

@@ -146,6 +146,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.gres_resources = parse_gres_resources(args.gres_resources)
     except ValueError as e:
         p.error(f"argument --gres-resources: {e}")
+    args.drain_node_conditions = frozenset(
+        c.strip() for c in args.drain_node_conditions.split(",") if c.strip()
+    )
     process.check_common_flags(p, args)
     return args
 
@@ -192,9 +195,7 @@ class Operator:
                 self.recorder,
                 workers=self.args.nodeset_workers,
                 node_health=NodeHealth(
-                    conditions=frozenset(
-                        c.strip() for c in self.args.drain_node_conditions.split(",") if c.strip()
-                    ),
+                    conditions=self.args.drain_node_conditions,
                     not_ready=self.args.drain_not_ready_nodes,
                 ),
                 gres_resources=self.args.gres_resources,
