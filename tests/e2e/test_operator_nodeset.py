@@ -401,11 +401,11 @@ async def test_an_extended_resource_becomes_a_gres_slurm_counts(env: Env) -> Non
         second = await env.slurm.submit_job(wants_both(), script="#!/bin/sh\nsleep 1\n")
 
         async def waiting_for_the_gres() -> bool:
-            job = await env.slurm.get_job(second)
-            return job.is_pending and job.state_reason == "Resources"
+            # Both in one look: the second waits while the first holds the GRES.
+            held, waits = await env.slurm.get_job(first), await env.slurm.get_job(second)
+            return held.is_running and waits.is_pending and waits.state_reason == "Resources"
 
         await wait_for(waiting_for_the_gres, timeout=15, what="second job waits for the GRES")
-        assert (await env.slurm.get_job(first)).is_running
         await env.completed_once(first)
         await env.completed_once(second)
     finally:
