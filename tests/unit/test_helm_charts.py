@@ -626,6 +626,15 @@ def test_a_health_check_script_runs_on_every_slurmd_pod_and_changes_without_a_ro
     assert mount["mountPath"] == "/etc/slurm-health" and "subPath" not in mount
     with pytest.raises(AssertionError, match="nodeState"):
         render("slurm", "compute.healthCheck.script=x", "compute.healthCheck.nodeState=SOMETIMES")
+    # Hybrid mode: slurm.conf is the site's, and the script's ConfigMap is not made.
+    with pytest.raises(AssertionError, match="compute.healthCheck.script: not in hybrid mode"):
+        render(
+            "slurm",
+            "external.enabled=true",
+            "slurmKey.existingSecret=k",
+            "jwtKey.existingSecret=j",
+            "compute.healthCheck.script=x",
+        )
 
 
 def test_gres_types_and_gres_conf_reach_slurmctld_and_the_operator_maps_gpus() -> None:
