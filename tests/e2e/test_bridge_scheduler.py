@@ -368,6 +368,9 @@ async def test_kubectl_slinky_why_a_pending_bridge_pod_gives_slurms_reason(
     )
     try:
         await env.kube.create(rest.PODS, workload_pod(name, ["sleep", "600"]), ns)
+        # Slurm's reason moves from Priority to Resources once its scheduler has looked, and
+        # stays there while the holder has the node; the bridge refreshes a pending job's
+        # reason every 10 s, so the pod is waited for until it says the settled one.
         waiting = await pod_where(
             env,
             name,
@@ -375,13 +378,15 @@ async def test_kubectl_slinky_why_a_pending_bridge_pod_gives_slurms_reason(
             lambda p: (
                 (c := conditions.find(p["status"].get("conditions"), "PodScheduled")) is not None
                 and c["reason"] == "SlurmJobPending"
-                and "(" in c["message"]
+                and c["message"].endswith("(Resources)")
             ),
-            "PodScheduled=False SlurmJobPending with Slurm's reason",
+            "PodScheduled=False SlurmJobPending with Slurm's reason Resources",
         )
         job = await env.slurm.get_job(job_id(waiting))
+        assert job.state_reason == "Resources", job.raw
         text = await kubectl_slinky(env, "why", name, f"--namespace={ns}")
-        assert f"Slurm job {job.job_id} is PENDING ({job.state_reason})" in text, text
+        assert f"Slurm job {job.job_id} is PENDING (Resources)" in text, text
+        assert "Slurm's reason: Resources" in text, text
         # status joins the pod with its placeholder job as Slurm has it
         data = json.loads(await kubectl_slinky(env, "status", "-n", ns, "-o", "json"))
         (entry,) = [b for b in data["bridgePods"] if b["name"] == name]
