@@ -627,7 +627,7 @@ def test_a_health_check_script_runs_on_every_slurmd_pod_and_changes_without_a_ro
     with pytest.raises(AssertionError, match="nodeState"):
         render("slurm", "compute.healthCheck.script=x", "compute.healthCheck.nodeState=SOMETIMES")
     # Hybrid mode: slurm.conf is the site's, and the script's ConfigMap is not made.
-    with pytest.raises(AssertionError, match="compute.healthCheck.script: not in hybrid mode"):
+    with pytest.raises(AssertionError, match=r"compute\.healthCheck\.script: not in hybrid mode"):
         render(
             "slurm",
             "external.enabled=true",
