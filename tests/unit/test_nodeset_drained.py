@@ -175,3 +175,29 @@ async def test_a_written_condemned_annotation_is_seen_before_the_cache_shows_it(
     assert control.as_written(stale) is stale  # forgotten once the cache showed it
     await control.patch_metadata(caught_up, annotations={ANNOTATION_CONDEMNED: None})
     assert pods.condemned(control.as_written(caught_up)) is None
+
+
+async def test_a_delete_without_an_answer_is_not_waited_for() -> None:
+    """Soak run 8: the apiserver died under a pod deletion (ConnectError); the deletion
+    stayed expected and the NodeSet did nothing for 5 minutes (the expectation's expiry)."""
+    from typing import Any
+
+    from slinky.kube.expectations import Expectations
+    from slinky.operator.nodeset.podcontrol import PodControl
+
+    class Kube:
+        async def delete(self, *args: Any, **kwargs: Any) -> None:
+            raise httpx2.ConnectError("All connection attempts failed")
+
+        async def create(self, *args: Any, **kwargs: Any) -> None:
+            raise httpx2.RemoteProtocolError("Server disconnected without sending a response.")
+
+    expectations = Expectations()
+    control = PodControl(Kube(), expectations)  # type: ignore[arg-type]
+    pod = {"metadata": {"name": "cpu-0", "namespace": "ns", "uid": "u1"}}
+    with pytest.raises(httpx2.ConnectError):
+        await control.delete_pod("ns/cpu", pod)
+    assert expectations.satisfied("ns/cpu")
+    with pytest.raises(httpx2.RemoteProtocolError):
+        await control.create_pod("ns/cpu", pod)
+    assert expectations.satisfied("ns/cpu")
