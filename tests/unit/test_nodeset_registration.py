@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import httpx2
+import pytest
 
 from slinky.api.schema import parse
 from slinky.api.v1alpha1.nodeset import NodeSetSpec
@@ -215,3 +216,58 @@ async def test_a_ready_pod_whose_idle_node_stopped_responding_is_replaced_once_s
     ((ctype, ok, reason, message),) = view.conditions
     assert (ctype, ok, reason) == (RESPONDING, False, "SlurmNodeNotResponding")
     assert "cpu-0" in message and "cpu-1" not in message and "cpu-3" not in message
+
+
+def test_the_nodeset_looks_again_when_a_lost_pod_reaches_its_deadline() -> None:
+    """Soak run 8: batch-0 registered, then a slurmctld kill -9 restored state without it.
+    Nothing changes at the deadline (pod and Slurm view stay as they are), so the NodeSet
+    must requeue itself for it; it waited over 4 minutes for an unrelated event before."""
+    _, view, _ = setup(["cpu-0"], {"cpu-0": 500, "cpu-1": 70, "cpu-2": 100})
+    recheck = mirror.recheck_in(view)
+    assert recheck is not None
+    assert recheck == pytest.approx(
+        mirror.REGISTRATION_DEADLINE_S - 100 + mirror.DEADLINE_MARGIN_S, abs=2
+    )  # cpu-2 is due first
+    assert view.waits == []
+
+
+def test_a_lost_pod_past_its_deadline_with_an_older_slurm_view_asks_for_a_fresh_one() -> None:
+    _, view, _ = setup(["cpu-0"], {"cpu-0": 500, "cpu-1": mirror.REGISTRATION_DEADLINE_S + 5})
+    assert view.conn is not None
+    view.conn.informer._last_poll_done -= 30  # polled before cpu-1's deadline passed
+    assert mirror.unregistered(view) == []
+    assert mirror.recheck_in(view) == mirror.STALE_RECHECK_S
+    assert view.waits  # fast polls asked for
+
+
+def test_a_due_pod_decided_on_asks_nothing_more_and_a_registered_nodeset_none() -> None:
+    _, view, _ = setup(["cpu-0"], {"cpu-0": 500, "cpu-1": mirror.REGISTRATION_DEADLINE_S + 5})
+    assert [p["metadata"]["name"] for p in mirror.unregistered(view)] == ["cpu-1"]
+    assert mirror.recheck_in(view) is None  # the rule acts (or its backoff says when)
+    _, view, _ = setup(["cpu-0", "cpu-1"], {"cpu-0": 500, "cpu-1": 5})
+    assert mirror.recheck_in(view) is None
+
+
+async def test_a_replacement_held_by_its_backoff_is_looked_at_again_when_it_ends() -> None:
+    late = mirror.REGISTRATION_DEADLINE_S + 30
+    sync, view, deletes = setup(["cpu-0"], {"cpu-0": late, "cpu-1": late})
+    assert await sync.replace_unregistered(view) == []
+    assert deletes.deleted == ["cpu-1"]
+    view.active["cpu-1"] = ready_pod("cpu-1", late)  # the new pod lost it too
+    (again,) = await sync.replace_unregistered(view)
+    assert 30 < again < 90  # the first backoff step (60 s, jittered)
+    assert deletes.deleted == ["cpu-1"]
+
+
+def test_a_node_not_responding_is_looked_at_again_at_its_deadline() -> None:
+    _, view, _ = setup(["cpu-0"], {"cpu-0": 500})
+    assert view.conn is not None
+    view.conn.informer.nodes = {
+        "cpu-0": Node.parse({"name": "cpu-0", "state": ["IDLE", "NOT_RESPONDING"]})
+    }
+    since = (dt.datetime.now(dt.UTC) - dt.timedelta(seconds=30)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    view.active["cpu-0"]["status"]["conditions"].append(
+        {"type": "SlurmNodeStateNotResponding", "status": "True", "lastTransitionTime": since}
+    )
+    recheck = mirror.recheck_in(view)
+    assert recheck == pytest.approx(mirror.REGISTRATION_DEADLINE_S - 30, abs=2)

@@ -43,6 +43,10 @@ log = logging.getLogger(__name__)
 # comment and state show up at once); a slurmd that never registers (kwok, a broken image)
 # does not keep the informer polling fast.
 REGISTRATION_WINDOW_S = 60.0
+# A deadline below is looked at again this long after it passes (the poll that shows it
+# needs a moment), and this often while the Slurm view is older than the deadline.
+DEADLINE_MARGIN_S = 1.0
+STALE_RECHECK_S = 2.0
 # A pod Ready this long whose Slurm node the (fresh) view still does not show never
 # registered, or slurmctld lost its registration (a restart from state saved before it: its
 # slurmd is not asked again and the pod stays Ready, useless). See `unregistered`.
@@ -198,18 +202,61 @@ def registering(view: View) -> bool:
 def unregistered(view: View) -> list[JSON]:
     """Active pods Ready for REGISTRATION_DEADLINE_S whose Slurm node Slurm does not know,
     by a view polled after that deadline passed (not condemned: those go anyway)."""
+    return [pod for pod, left in _lost_clocks(view, responding=False) if _due(view, left)]
+
+
+def _due(view: View, left: float) -> bool:
+    """Past the deadline by a view polled after it passed."""
+    return view.conn is not None and left < 0 and view.conn.informer.polled_ago < -left
+
+
+def recheck_in(view: View) -> float | None:
+    """Seconds until the rules for lost and unreachable Slurm nodes (`unregistered`,
+    `unreachable`) should look again: when the next such pod reaches its deadline, or soon
+    when one is past it but the Slurm view predates that (fast polls are asked for). No
+    event comes at a deadline: the pod and its Slurm node stay as they are, so without this
+    the NodeSet waited for some unrelated change (soak run 8: over 4 minutes)."""
+    if view.conn is None or not view.slurm_ready:
+        return None
+    lefts = [left for _, left in _lost_clocks(view, responding=False)]
+    lefts += [left for _, left in _lost_clocks(view, responding=True)]
+    ahead = [left for left in lefts if left >= 0]
+    stale = [left for left in lefts if left < 0 and not _due(view, left)]
+    if stale:
+        view.waits.append("a fresh Slurm view of nodes past their registration deadline")
+        return STALE_RECHECK_S
+    return min(ahead) + DEADLINE_MARGIN_S if ahead else None
+
+
+def _lost_clocks(view: View, *, responding: bool) -> list[tuple[JSON, float]]:
+    """(pod, seconds left until REGISTRATION_DEADLINE_S) for the active, Ready, not
+    condemned pods whose Slurm node is missing (`responding=False`) or, with
+    `responding=True`, NOT_RESPONDING without jobs (the clock starts when the mirror saw
+    it so: the condition's transition time)."""
     if view.conn is None or not view.slurm_ready:
         return []
-    informer = view.conn.informer
     now = dt.datetime.now(dt.UTC)
     out = []
-    for pod in view.active.values():
-        since = pods.ready_since(pod)
-        if since is None or pods.condemned(pod) is not None or pods.name(pod) in informer.nodes:
+    if not responding:
+        known = view.conn.informer.nodes
+        for pod in view.active.values():
+            since = pods.ready_since(pod)
+            if since is None or pods.condemned(pod) is not None or pods.name(pod) in known:
+                continue
+            out.append((pod, REGISTRATION_DEADLINE_S - (now - since).total_seconds()))
+        return out
+    for pod, node in view.pods_with_nodes():
+        if pods.condemned(pod) is not None or pods.ready_since(pod) is None:
             continue
-        overdue = (now - since).total_seconds() - REGISTRATION_DEADLINE_S
-        if overdue > 0 and informer.polled_ago < overdue:
-            out.append(pod)
+        if not unresponsive_without_jobs(node):
+            continue
+        cond = conditions.find(
+            (pod.get("status") or {}).get("conditions"), "SlurmNodeStateNotResponding"
+        )
+        if not cond or cond.get("status") != "True" or not cond.get("lastTransitionTime"):
+            continue
+        since = pods.parse_time(str(cond["lastTransitionTime"]))
+        out.append((pod, REGISTRATION_DEADLINE_S - (now - since).total_seconds()))
     return out
 
 
@@ -229,26 +276,7 @@ def unreachable(view: View) -> list[JSON]:
     after that: slurmctld pings an address the pod no longer has (a kill -9 restored the
     node record of the pod's predecessor, saved before this pod registered) or its slurmd
     hangs. No job is on the node; replacing the pod registers it anew."""
-    if view.conn is None or not view.slurm_ready:
-        return []
-    informer = view.conn.informer
-    now = dt.datetime.now(dt.UTC)
-    out = []
-    for pod, node in view.pods_with_nodes():
-        if pods.condemned(pod) is not None or pods.ready_since(pod) is None:
-            continue
-        if not unresponsive_without_jobs(node):
-            continue
-        cond = conditions.find(
-            (pod.get("status") or {}).get("conditions"), "SlurmNodeStateNotResponding"
-        )
-        if not cond or cond.get("status") != "True" or not cond.get("lastTransitionTime"):
-            continue
-        since = pods.parse_time(str(cond["lastTransitionTime"]))
-        overdue = (now - since).total_seconds() - REGISTRATION_DEADLINE_S
-        if overdue > 0 and informer.polled_ago < overdue:
-            out.append(pod)
-    return out
+    return [pod for pod, left in _lost_clocks(view, responding=True) if _due(view, left)]
 
 
 def cordon_reason(ctx: Context, pod: JSON) -> str | None:

@@ -250,8 +250,10 @@ class NodeSetSync:
         requeue: list[float] = []
         if self.ctx.expectations.satisfied(view.exp_key):
             await self.replace_finished(view)
-            await self.replace_unregistered(view)
-            await self.replace_unreachable(view)
+            requeue += await self.replace_unregistered(view)
+            requeue += await self.replace_unreachable(view)
+            if (recheck := mirror.recheck_in(view)) is not None:
+                requeue.append(recheck)
             self.check_autoscaler(view)
             if mirror.registering(view):
                 view.waits.append("new slurmd registering")
@@ -344,7 +346,7 @@ class NodeSetSync:
                 )
             view.moved(pod)
 
-    async def replace_unregistered(self, view: View) -> None:
+    async def replace_unregistered(self, view: View) -> list[float]:
         """Pods whose slurmd Slurm does not know past the deadline (`mirror.unregistered`)
         are named in the condition `SlurmNodesRegistered`. In a NodeSet some of whose pods
         did register (so slurmd can), or that itself carries the Slurm state conditions the
@@ -361,7 +363,7 @@ class NodeSetSync:
         if not lost:
             self.replacing.pop(uid, None)
             cleared(view, REGISTERED, "Registered", "every Ready pod is a Slurm node")
-            return
+            return []
         ordered = sorted(pods.name(p) for p in lost)
         names = ", ".join(ordered[:10]) + (
             f" and {len(ordered) - 10} more" if len(ordered) > 10 else ""
@@ -384,8 +386,10 @@ class NodeSetSync:
         )
         view.conditions.append((REGISTERED, False, "SlurmNodeNotRegistered", message))
         backoff, due = self.replacing.get(uid, (Backoff(60.0, 900.0), 0.0))
-        if not replace or time.monotonic() < due or view.conn is None:
-            return
+        if not replace or view.conn is None:
+            return []
+        if time.monotonic() < due:
+            return [due - time.monotonic()]  # no event comes when the backoff ends
         self.replacing[uid] = (backoff, time.monotonic() + backoff.next())
         for pod in lost_replaceable:
             name = pods.name(pod)
@@ -403,8 +407,9 @@ class NodeSetSync:
                 )
                 log.warning("nodeset %s: pod %s has no Slurm node; replacing it", view.key, name)
             view.moved(pod)
+        return []
 
-    async def replace_unreachable(self, view: View) -> None:
+    async def replace_unreachable(self, view: View) -> list[float]:
         """Pods Ready whose own Slurm node has been NOT_RESPONDING without jobs past the
         deadline (`mirror.unreachable`: IDLE, or DOWN by slurmctld for not responding) are
         named in the condition `SlurmNodesResponding` and replaced (at most once per backoff
@@ -415,7 +420,7 @@ class NodeSetSync:
         if not stuck:
             self.rescuing.pop(uid, None)
             cleared(view, RESPONDING, "Responding", "every Ready pod's Slurm node responds")
-            return
+            return []
         names = ", ".join(sorted(pods.name(p) for p in stuck))
         view.conditions.append(
             (
@@ -428,8 +433,10 @@ class NodeSetSync:
             )
         )
         backoff, due = self.rescuing.get(uid, (Backoff(60.0, 900.0), 0.0))
-        if time.monotonic() < due or view.conn is None:
-            return
+        if view.conn is None:
+            return []
+        if time.monotonic() < due:
+            return [due - time.monotonic()]
         self.rescuing[uid] = (backoff, time.monotonic() + backoff.next())
         for pod in stuck:
             name = pods.name(pod)
@@ -454,6 +461,7 @@ class NodeSetSync:
                     "nodeset %s: Slurm node %s does not respond; replacing its pod", view.key, name
                 )
             view.moved(pod)
+        return []
 
     def check_autoscaler(self, view: View) -> None:
         """An HPA does not scale up a NodeSet at 0 replicas that it did not scale to 0
