@@ -69,7 +69,7 @@ def test_condition_transition_time_changes_only_on_status_change() -> None:
     assert conditions.is_true(conds, "Ready")
 
 
-def test_expectations_wait_for_observations_and_expire() -> None:
+def test_expectations_wait_for_observations_and_expire(caplog: pytest.LogCaptureFixture) -> None:
     e = Expectations(ttl=0.05)
     e.expect_creations("k", 2)
     e.expect_deletions("k", ["u1"])
@@ -82,6 +82,8 @@ def test_expectations_wait_for_observations_and_expire() -> None:
     e.expect_creations("k", 1)
     time.sleep(0.06)
     assert e.satisfied("k"), "an expectation never observed expires"
+    assert "k: expectations expired after 0s: 1 creations" in caplog.text  # and says so
+    assert e.satisfied("k") and caplog.text.count("expired") == 1  # once
 
 
 def test_owner_mapper_maps_controlled_children_only() -> None:

@@ -11,8 +11,11 @@ same name is a new object and must not inherit the old one's expectations.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
 
 EXPECTATION_TTL_S = 300.0
 
@@ -62,7 +65,20 @@ class Expectations:
             return True
         if e.adds <= 0 and not e.deletes:
             return True
-        return time.monotonic() - e.at > self.ttl
+        if time.monotonic() - e.at <= self.ttl:
+            return False
+        # Expiry is the backstop for a lost event; reaching it means a decision waited
+        # the whole TTL, which is worth knowing about (soak run 8 could not tell which).
+        log.warning(
+            "%s: expectations expired after %.0fs: %d creations and the deletions of %s "
+            "never observed; deciding again",
+            key,
+            self.ttl,
+            e.adds,
+            sorted(e.deletes) or "no pod",
+        )
+        del self._by_key[key]
+        return True
 
     def forget(self, key: str) -> None:
         self._by_key.pop(key, None)
