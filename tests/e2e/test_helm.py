@@ -128,7 +128,14 @@ class Install:
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
-        out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise AssertionError(
+                f"helm {' '.join(args)} still running after {timeout:.0f}s\n" + self.diagnose()
+            ) from None
         if proc.returncode != 0:
             raise AssertionError(
                 f"helm {' '.join(args)} exited {proc.returncode}:\n{err.decode()}\n"
@@ -153,10 +160,21 @@ class Install:
         return dict(re.findall(r"(\w+)=(\S*)", text))
 
     def diagnose(self) -> str:
+        """Pods, events, what NodeSets say (a deletion's message names what it waits for)
+        and the operator's log: what a failed or stuck helm command left behind."""
         out = []
         for args in (
             ["get", "pods", "-A", "-o", "wide"],
             ["get", "events", "-A", "--sort-by=.lastTimestamp"],
+            ["get", "nodesets", "-A", "-o", "yaml"],
+            [
+                "logs",
+                "-n",
+                self.operator_ns,
+                "-l",
+                f"app.kubernetes.io/instance={self.operator_release}",
+                "--tail=200",
+            ],
         ):
             got = self.testbed.kubectl(args, timeout=30)
             out.append(got.stdout[-6000:] + got.stderr[-2000:])
@@ -729,7 +747,9 @@ async def test_helm_installs_operator_slurm_and_bridge_that_run_jobs_upgrade_and
     await kube.create(NODESETS, by_hand, i.slurm_ns)
     start = time.monotonic()
     uninstall = asyncio.create_task(
-        i.helm("uninstall", i.slurm_release, "-n", i.slurm_ns, "--wait", "--timeout", "5m")
+        i.helm(
+            "uninstall", i.slurm_release, "-n", i.slurm_ns, "--wait", "--timeout", "5m", timeout=330
+        )
     )
 
     # While the job runs, its NodeSet waits (deleting) and slurmctld is still there.
