@@ -63,16 +63,34 @@ def slurm_conf(
     return "\n".join(lines)
 
 
+# Every job is placed as on one flat network, except in partitions that name the tree
+# `racks` (Topology=racks), where the operator places nodes by Kubernetes node labels under
+# the switch `root` (a switch must have a child to get new ones, hence `spare`).
+TOPOLOGY_YAML = """\
+- topology: flat
+  cluster_default: true
+  flat: true
+- topology: racks
+  tree:
+    switches:
+      - switch: root
+        children: spare
+      - switch: spare
+"""
+
+
 def write_slurm_config(
     root: Path, *, ctld_port: int, slurmd_port: int, ctld_addr: str | None = None
 ) -> None:
-    """Write slurm.conf, cgroup.conf and fresh keys into the Slurm root; reset daemon state."""
+    """Write slurm.conf, cgroup.conf, topology.yaml and fresh keys into the Slurm root; reset
+    daemon state."""
     etc = root / "etc" / "slurm"
     etc.mkdir(parents=True, exist_ok=True)
     (etc / "slurm.conf").write_text(
         slurm_conf(ctld_port=ctld_port, slurmd_port=slurmd_port, ctld_addr=ctld_addr)
     )
     (etc / "cgroup.conf").write_text("CgroupPlugin=disabled\n")
+    (etc / "topology.yaml").write_text(TOPOLOGY_YAML)
     for name, size in (("slurm.key", 1024), ("jwt_hs256.key", 32)):
         path = etc / name
         if not path.exists():

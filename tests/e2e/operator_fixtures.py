@@ -240,6 +240,10 @@ def start_operator(kubeconfig: Path, log_path: Path, *extra: str) -> OperatorPro
         "--drain-node-conditions=SlinkyTestProblem",
         # The count-only GRES of the extended resource the GRES test gives the real nodes.
         "--gres-resources=nvidia.com/gpu=gpu,example.com/widget=widget",
+        # Node labels the placement test sets: features, and the test bed's tree `racks`.
+        "--node-feature-labels=features.slinky.test/",
+        "--topology-labels=slinky.test/zone,slinky.test/rack",
+        "--topology-root=racks:root",
         "--log-level=debug",
         *extra,
     ]

@@ -14,8 +14,13 @@ from typing import Any
 import pytest
 
 from slinky.kube import rest
-from slinky.operator.nodeset.builder import ANNOTATION_CORDON, ANNOTATION_NODE_CORDON_REASON
+from slinky.operator.nodeset.builder import (
+    ANNOTATION_CORDON,
+    ANNOTATION_NODE_CORDON_REASON,
+    ANNOTATION_SLURM_FEATURES,
+)
 from slinky.operator.resources import NODESETS
+from slinky.slurm.models import expand_hostlist
 from slinky_testbed import paths
 from slinky_testbed.bed import KWOK_NODE_ANNOTATION
 from slinky_testbed.waiting import wait_for
@@ -415,6 +420,122 @@ async def test_an_extended_resource_becomes_a_gres_slurm_counts(env: Env) -> Non
             lambda: gone(lambda: env.slurm_node("gres-0")), timeout=60, what="gres-0 gone"
         )
         await advertise(None)
+
+
+async def test_node_labels_place_slurm_nodes_in_racks_and_give_features(env: Env) -> None:
+    """Three pods spread over the two real nodes (2 + 1); the test labels the lone pod's node
+    rack r1 and the other r2 (zone z1), and gives both a feature label. The operator sets each
+    Slurm node's features and its place in the test bed's tree `racks`; in a partition with
+    Topology=racks, a 2-node job with --switches=1 waits while a blocker holds one of r2's
+    nodes (the free pair spans two racks), then runs on r2's two nodes and completes."""
+    manifest = nodeset_manifest(
+        "racked", 3, partition={"enabled": True, "config": "Topology=racks MaxTime=10"}
+    )
+    manifest["spec"]["template"]["spec"]["topologySpreadConstraints"] = [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "DoNotSchedule",
+            "nodeTaintsPolicy": "Honor",  # kwok nodes (tainted) are no domain
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": "racked"}},
+        }
+    ]
+    await env.kube.create(NODESETS, manifest, env.namespace)
+    names = await wait_idle_nodes(env, "racked", 3, timeout=90)
+    on = {n: (await env.kube.get(rest.PODS, n, env.namespace))["spec"]["nodeName"] for n in names}
+    counts = {k: list(on.values()).count(k) for k in set(on.values())}
+    assert sorted(counts.values()) == [1, 2], on
+    lone = next(k for k, c in counts.items() if c == 1)
+    rack = {k: "r1" if k == lone else "r2" for k in counts}
+
+    async def label(node: str, labels: dict[str, str | None]) -> None:
+        await env.kube.patch(rest.NODES, node, {"metadata": {"labels": labels}})
+
+    try:
+        for node, r in rack.items():
+            await label(
+                node,
+                {
+                    "slinky.test/zone": "z1",
+                    "slinky.test/rack": r,
+                    "features.slinky.test/fast": "true",
+                    "features.slinky.test/gen": "g2",
+                },
+            )
+
+        async def placed() -> bool:
+            for name in names:
+                node = await env.slurm_node(name)
+                want = f"racks:root:z1:z1.{rack[on[name]]}"
+                if node is None or node.topology != want:
+                    return False
+                if not {"racked", "fast", "g2"} <= set(node.features):
+                    return False  # the NodeSet's own feature stays
+            return True
+
+        await wait_for(placed, timeout=20, what="Slurm nodes placed and given features")
+        pod = await env.kube.get(rest.PODS, names[0], env.namespace)
+        assert pod["metadata"]["annotations"][ANNOTATION_SLURM_FEATURES] == "fast,g2"
+
+        r2 = sorted(n for n in names if rack[on[n]] == "r2")
+
+        def job(nodes: int, **extra: Any) -> JSON:
+            return {
+                "name": "e2e-racks",
+                "partition": "racked",
+                "minimum_nodes": nodes,
+                "maximum_nodes": nodes,
+                "tasks": nodes,
+                "current_working_directory": "/tmp",
+                "environment": ["PATH=/usr/bin:/bin"],
+                "time_limit": {"set": True, "number": 5},
+                **extra,
+            }
+
+        blocker = await env.slurm.submit_job(
+            job(1, required_nodes=[r2[0]], cpus_per_task=2),  # the whole node
+            script="#!/bin/sh\nsleep 8\n",
+        )
+        await env.running_on(blocker)
+        pair = await env.slurm.submit_job(
+            job(2, required_switches={"set": True, "number": 1}, wait_for_switch=600),
+            script="#!/bin/sh\nsleep 1\n",
+        )
+
+        async def pair_waits_for_one_rack() -> bool:
+            # One look: the free pods are the lone r1 and one of r2; the pair may not span.
+            held, waits = await env.slurm.get_job(blocker), await env.slurm.get_job(pair)
+            return held.is_running and waits.is_pending and waits.state_reason != "None"
+
+        await wait_for(pair_waits_for_one_rack, timeout=15, what="the pair waits for one rack")
+        await env.completed_once(blocker)
+        done = await env.completed_once(pair)
+        assert sorted(expand_hostlist(done.nodes)) == r2, done.nodes
+        # Labels gone: the features the operator added go too, the NodeSet's stays.
+        for node in rack:
+            await label(node, {"features.slinky.test/fast": None, "features.slinky.test/gen": None})
+
+        async def unfeatured() -> bool:
+            for name in names:
+                node = await env.slurm_node(name)
+                if node is None or {"fast", "g2"} & set(node.features):
+                    return False
+                if "racked" not in node.features:
+                    return False
+            return True
+
+        await wait_for(unfeatured, timeout=20, what="label features removed")
+    finally:
+        for node in rack:
+            await label(
+                node,
+                {
+                    "slinky.test/zone": None,
+                    "slinky.test/rack": None,
+                    "features.slinky.test/fast": None,
+                    "features.slinky.test/gen": None,
+                },
+            )
 
 
 async def test_a_node_record_restored_with_an_earlier_pods_address_is_pointed_at_the_pod(

@@ -23,6 +23,7 @@ def test_partition_config_becomes_partition_info_fields() -> None:
     assert body["partition"]["state"] == ["DRAIN"]
     assert parse_config("maxtime=UNLIMITED hidden=no")["maximums"]["time"]["infinite"] is True
     assert parse_config("") == {}
+    assert parse_config("Topology=racks") == {"topology": "racks"}
 
 
 @pytest.mark.parametrize(
@@ -35,6 +36,7 @@ def test_partition_config_becomes_partition_info_fields() -> None:
         ("Default=maybe", "Default"),
         ("OverSubscribe=SOMETIMES", "OverSubscribe"),
         ("MaxTime", "MaxTime"),
+        ("Topology=a:b", "Topology"),
     ],
 )
 def test_bad_partition_config_names_the_key(config: str, names: str) -> None:

@@ -238,6 +238,9 @@ def test_operator_deployment_passes_only_flags_the_operator_knows() -> None:
         "operator.slurmWatchJobs=true",
         "operator.drainNotReadyNodes=false",
         "operator.drainNodeConditions={KernelDeadlock,ReadonlyFilesystem}",
+        "operator.nodeFeatureLabels={feature.node.kubernetes.io/,topology.kubernetes.io/zone}",
+        "operator.topologyLabels={topology.kubernetes.io/zone,example.com/rack}",
+        "operator.topologyRoot=racks:top",
         namespace="slinky-system",
     )
     deployment = one(objs, "Deployment")
@@ -249,6 +252,12 @@ def test_operator_deployment_passes_only_flags_the_operator_knows() -> None:
     assert parsed.slurm_watch_jobs is True
     assert parsed.drain_not_ready_nodes is False
     assert parsed.drain_node_conditions == {"KernelDeadlock", "ReadonlyFilesystem"}
+    assert parsed.placement.feature_labels == (
+        "feature.node.kubernetes.io/",
+        "topology.kubernetes.io/zone",
+    )
+    assert parsed.placement.topology_labels == ("topology.kubernetes.io/zone", "example.com/rack")
+    assert parsed.placement.topology_root == "racks:top"
     assert parsed.metrics_api_bind_address == ":8443"
     # Graceful shutdown fits in the pod's grace period (the Lease is released in time).
     grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
@@ -662,6 +671,32 @@ def test_gres_types_and_gres_conf_reach_slurmctld_and_the_operator_maps_gpus() -
         "example.com/widget": "widget",
         "nvidia.com/gpu": "gpu",
     }
+
+
+def test_topology_yaml_reaches_slurmctld_as_yaml() -> None:
+    assert "topology.yaml" not in one(render("slurm"), "ConfigMap", "slurm-config")["data"]
+    objs = render(
+        "slurm",
+        "slurmConfig.topology[0].topology=flat",
+        "slurmConfig.topology[0].cluster_default=true",
+        "slurmConfig.topology[0].flat=true",
+        "slurmConfig.topology[1].topology=racks",
+        "slurmConfig.topology[1].tree.switches[0].switch=root",
+        "slurmConfig.topology[1].tree.switches[0].children=spare",
+        "slurmConfig.topology[1].tree.switches[1].switch=spare",
+    )
+    text = one(objs, "ConfigMap", "slurm-config")["data"]["topology.yaml"]
+    assert yaml.safe_load(text) == [
+        {"topology": "flat", "cluster_default": True, "flat": True},
+        {
+            "topology": "racks",
+            "tree": {"switches": [{"switch": "root", "children": "spare"}, {"switch": "spare"}]},
+        },
+    ]
+    init = one(objs, "StatefulSet")["spec"]["template"]["spec"]["initContainers"][0]
+    assert "topology.yaml" in init["command"][-1]
+    with pytest.raises(AssertionError, match="topology"):
+        render("slurm", "slurmConfig.topology[0].topology=a b")
 
 
 def test_the_service_monitor_scrapes_every_slurmctld_metrics_path_on_the_controller() -> None:

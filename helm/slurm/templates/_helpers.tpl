@@ -72,7 +72,8 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
 {{- /*
-Init container: copies slurm.conf, cgroup.conf and the keys into /etc/slurm (an emptyDir) with
+Init container: copies slurm.conf, cgroup.conf (gres.conf and topology.yaml when given) and
+the keys into /etc/slurm (an emptyDir) with
 the owner and mode Slurm insists on (keys owned by SlurmUser, 0600), which Secret volumes
 cannot give.
 */ -}}
@@ -85,7 +86,9 @@ cannot give.
     - -ec
     - |
       install -m 0644 /mnt/config/slurm.conf /mnt/config/cgroup.conf /etc/slurm/
-      if [ -e /mnt/config/gres.conf ]; then install -m 0644 /mnt/config/gres.conf /etc/slurm/; fi
+      for f in gres.conf topology.yaml; do
+        if [ -e "/mnt/config/$f" ]; then install -m 0644 "/mnt/config/$f" /etc/slurm/; fi
+      done
       install -o {{ .Values.slurmConfig.slurmUser }} -g {{ .Values.slurmConfig.slurmUser }} -m 0600 /mnt/slurm-key/slurm.key /mnt/jwt-key/jwt_hs256.key /etc/slurm/
   volumeMounts:
     - {name: etc-slurm, mountPath: /etc/slurm}

@@ -26,7 +26,7 @@ from slinky.operator.cluster import controller as cluster_controller
 from slinky.operator.cluster.sync import Options
 from slinky.operator.nodeset import controller as nodeset_controller
 from slinky.operator.nodeset import pods as pod_fields
-from slinky.operator.nodeset.view import NodeHealth
+from slinky.operator.nodeset.view import NodeHealth, Placement
 from slinky.operator.resources import CLUSTERS, NODESETS
 
 log = logging.getLogger("slurm-operator")
@@ -106,6 +106,27 @@ def build_parser() -> argparse.ArgumentParser:
         "in slurm.conf's GresTypes)",
     )
     p.add_argument(
+        "--node-feature-labels",
+        default="",
+        help="comma-separated Kubernetes node label keys, or prefixes ending in / (e.g. "
+        "feature.node.kubernetes.io/), whose labels become features of the Slurm nodes of the "
+        "pods on the node: the value, or for a value of true the key's last part",
+    )
+    p.add_argument(
+        "--topology-labels",
+        default="",
+        help="comma-separated Kubernetes node label keys, outermost first (e.g. "
+        "topology.kubernetes.io/zone,example.com/rack): the Slurm nodes of the pods on a node "
+        "are placed under --topology-root in switches named by the values (the last is the "
+        "leaf); a node annotated topology.slinky.slurm.net/spec gets that value instead",
+    )
+    p.add_argument(
+        "--topology-root",
+        default="default:root",
+        help="<topology>:<switch>: the Slurm tree topology and the switch in it (declared in "
+        "topology.yaml, with a child) under which --topology-labels make their switches",
+    )
+    p.add_argument(
         "--metrics-api-bind-address",
         default="0",
         help="host:port of the external.metrics.k8s.io aggregated API over HTTPS "
@@ -139,6 +160,27 @@ def parse_gres_resources(text: str) -> dict[str, str]:
     return out
 
 
+def parse_placement(features: str, topology: str, root: str) -> Placement:
+    """The placement flags, checked (a label key has at most one `/`)."""
+
+    def keys(flag: str, text: str, *, prefixes: bool) -> tuple[str, ...]:
+        out = tuple(k.strip() for k in text.split(",") if k.strip())
+        for k in out:
+            if k.count("/") > 1 or k.startswith("/") or (not prefixes and k.endswith("/")):
+                kind = "label key or prefix ending in /" if prefixes else "label key"
+                raise ValueError(f"argument {flag}: {k!r} is not a {kind}")
+        return out
+
+    name, _, switch = root.partition(":")
+    if not all(part and all(c.isalnum() or c in "._-" for c in part) for part in (name, switch)):
+        raise ValueError(f"argument --topology-root: {root!r} is not <topology>:<switch>")
+    return Placement(
+        feature_labels=keys("--node-feature-labels", features, prefixes=True),
+        topology_labels=keys("--topology-labels", topology, prefixes=False),
+        topology_root=root,
+    )
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = build_parser()
     args = p.parse_args(argv)
@@ -149,6 +191,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.drain_node_conditions = frozenset(
         c.strip() for c in args.drain_node_conditions.split(",") if c.strip()
     )
+    try:
+        args.placement = parse_placement(
+            args.node_feature_labels, args.topology_labels, args.topology_root
+        )
+    except ValueError as e:
+        p.error(str(e))
     process.check_common_flags(p, args)
     return args
 
@@ -199,6 +247,7 @@ class Operator:
                     not_ready=self.args.drain_not_ready_nodes,
                 ),
                 gres_resources=self.args.gres_resources,
+                placement=self.args.placement,
             )
         )
         nodesets = self.factory.shared(NODESETS)

@@ -117,6 +117,9 @@ class Node:
     # When the slurmd of this record registered; 0 for a record no running slurmd made
     # (restored from slurmctld's saved state, or made with `scontrol create`).
     slurmd_start_time: int = 0
+    # Its place in the topologies (`<topology>:<switch or block>,...`), as set by
+    # topology.yaml or `scontrol update Topology=`.
+    topology: str = ""
     raw: JSON = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -138,6 +141,7 @@ class Node:
             port=int(raw.get("port") or 0),
             reason_set_by_user=str(raw.get("reason_set_by_user") or ""),
             slurmd_start_time=number(raw.get("slurmd_start_time")) or 0,
+            topology=str(raw.get("topology") or ""),
             raw=raw,
         )
 

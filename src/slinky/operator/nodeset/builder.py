@@ -48,6 +48,9 @@ ANNOTATION_CONDEMNED = "nodeset.slinky.slurm.net/condemned"
 # (start + time limit, as Slurm reported it right after the drain): RFC 3339.
 ANNOTATION_CONDEMNED_AT = "nodeset.slinky.slurm.net/condemned-at"
 ANNOTATION_DRAIN_DEADLINE = "nodeset.slinky.slurm.net/drain-deadline"
+# The Slurm features the operator added to the pod's node from Kubernetes node labels
+# (`placement`), so that those whose label went are removed and no other is.
+ANNOTATION_SLURM_FEATURES = "nodeset.slinky.slurm.net/slurm-features"
 MANAGER = "slurm-operator"
 REASON_PREFIX = "slurm-operator: "
 PRESTOP_REASON = f"{REASON_PREFIX}pod terminating"

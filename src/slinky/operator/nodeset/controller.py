@@ -29,8 +29,9 @@ from slinky.kube.store import BY_NODE_NAME, index_node_name, key_of
 from slinky.operator.clients import ClusterClients
 from slinky.operator.nodeset import builder
 from slinky.operator.nodeset import pods as pod_fields
+from slinky.operator.nodeset.placement import ANNOTATION_TOPOLOGY_SPEC as TOPOLOGY_SPEC
 from slinky.operator.nodeset.sync import BY_HPA_TARGET, NodeSetSync, hpa_target
-from slinky.operator.nodeset.view import NodeHealth
+from slinky.operator.nodeset.view import NodeHealth, Placement
 from slinky.operator.resources import CLUSTERS, NODESETS
 from slinky.slurm.informer import SlurmEvent
 from slinky.types import JSON
@@ -53,9 +54,10 @@ def partition_of(obj: JSON) -> str | None:
 
 
 def slim_node(node: JSON) -> JSON:
-    """What the cordon mirror reads of a Kubernetes node (name, annotations,
-    `spec.unschedulable`, each condition's type, status and reason): a large cluster's node
-    status (images, addresses, heartbeat times) is not kept, so a heartbeat is no update."""
+    """What the cordon mirror and the placement read of a Kubernetes node (name, labels,
+    annotations, `spec.unschedulable`, each condition's type, status and reason): a large
+    cluster's node status (images, addresses, heartbeat times) is not kept, so a heartbeat
+    is no update."""
     meta = node["metadata"]
     conditions = [
         {k: c[k] for k in ("type", "status", "reason") if k in c}
@@ -65,7 +67,9 @@ def slim_node(node: JSON) -> JSON:
         "apiVersion": node.get("apiVersion"),
         "kind": node.get("kind"),
         "metadata": {
-            k: meta[k] for k in ("name", "uid", "resourceVersion", "annotations") if k in meta
+            k: meta[k]
+            for k in ("name", "uid", "resourceVersion", "labels", "annotations")
+            if k in meta
         },
         "spec": {"unschedulable": True} if (node.get("spec") or {}).get("unschedulable") else {},
         "status": {"conditions": conditions},
@@ -112,6 +116,7 @@ def build(
     workers: int = 4,
     node_health: NodeHealth | None = None,
     gres_resources: Mapping[str, str] | None = None,
+    placement: Placement | None = None,
 ) -> Controller:
     nodesets = factory.shared(NODESETS, indexers={BY_CLUSTER: cluster_of_nodeset})
     clusters = factory.shared(CLUSTERS)
@@ -142,6 +147,7 @@ def build(
         hpas=hpas,
         node_health=node_health,
         gres_resources=gres_resources,
+        placement_config=placement,
     )
     ctrl = Controller("nodeset", sync, workers=workers)
     # An HPA made, changed or deleted: the NodeSet it scales (its status changes are not
@@ -189,15 +195,18 @@ def build(
         Handler(on_add=observed_add, on_update=observed_update, on_delete=observed_delete)
     )
 
+    placed = placement or Placement()
+
     def node_changed(old: JSON | None, new: JSON) -> bool:
-        def cordon(n: JSON | None) -> tuple[Any, Any, Any]:
+        def cordon(n: JSON | None) -> tuple[Any, Any, Any, Any]:
             if n is None:
-                return (None, None, None)
+                return (None, None, None, None)
             ann = n["metadata"].get("annotations") or {}
             return (
                 (n.get("spec") or {}).get("unschedulable"),
                 ann.get(builder.ANNOTATION_NODE_CORDON_REASON),
                 (n.get("status") or {}).get("conditions"),
+                (placed.labels_of(n["metadata"].get("labels") or {}), ann.get(TOPOLOGY_SPEC)),
             )
 
         return old is not None and cordon(old) != cordon(new)

@@ -123,6 +123,12 @@ def _choice(key: str, value: str, allowed: tuple[str, ...]) -> str:
     return value.upper()
 
 
+def _name(key: str, value: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", value):
+        raise PartitionConfigError(f"{key}={value}: not a name (letters, digits, . _ -)")
+    return value
+
+
 def _put(body: JSON, path: str, value: Any) -> None:
     *parents, leaf = path.split(".")
     for p in parents:
@@ -176,6 +182,8 @@ CONFIG_KEYS: dict[str, Setter] = {
     "allowqos": lambda b, k, v: _put(b, "qos.allowed", v),
     "denyqos": lambda b, k, v: _put(b, "qos.deny", v),
     "qos": lambda b, k, v: _put(b, "qos.assigned", v),
+    # A topology of topology.yaml (e.g. the tree the operator places nodes in).
+    "topology": lambda b, k, v: _put(b, "topology", _name(k, v)),
 }
 # Keys the operator owns: setting them in the config is an error, not a silent override.
 OWNED_KEYS = {

@@ -42,9 +42,18 @@ from slinky.kube.expectations import Expectations
 from slinky.kube.informer import Informer, MultiInformer
 from slinky.kube.store import BY_OWNER_UID
 from slinky.operator.clients import ClusterClients, Connection
-from slinky.operator.nodeset import builder, mirror, partition, pods, scalein, status, update
+from slinky.operator.nodeset import (
+    builder,
+    mirror,
+    partition,
+    placement,
+    pods,
+    scalein,
+    status,
+    update,
+)
 from slinky.operator.nodeset.podcontrol import PodControl
-from slinky.operator.nodeset.view import Context, NodeHealth, View, belongs_to
+from slinky.operator.nodeset.view import Context, NodeHealth, Placement, View, belongs_to
 from slinky.operator.resources import FINALIZER, NODESETS
 from slinky.slurm import errors
 from slinky.slurm.models import expand_hostlist
@@ -159,6 +168,7 @@ class NodeSetSync:
         hpas: MultiInformer | None = None,
         node_health: NodeHealth | None = None,
         gres_resources: Mapping[str, str] | None = None,
+        placement_config: Placement | None = None,
     ) -> None:
         self.hpas = hpas
         self.nodesets = nodesets
@@ -184,6 +194,7 @@ class NodeSetSync:
             gres_resources=dict(
                 builder.DEFAULT_GRES_RESOURCES if gres_resources is None else gres_resources
             ),
+            placement=placement_config or Placement(),
         )
 
     # ------------------------------------------------------------ entry
@@ -271,6 +282,7 @@ class NodeSetSync:
                 # after its Slurm state was mirrored onto it.
                 await mirror.mirror_slurm(self.ctx, view)
                 await mirror.sync_cordon(self.ctx, view)
+                await placement.sync_placement(self.ctx, view)
         else:
             requeue.append(5.0)  # backstop: observations normally arrive first
             if any(pods.condemned(p) for p in view.active.values()):

@@ -34,6 +34,29 @@ class NodeHealth:
     not_ready: bool = True
 
 
+@dataclass(frozen=True)
+class Placement:
+    """Which Kubernetes node labels become Slurm features and topology (`placement`)."""
+
+    feature_labels: tuple[str, ...] = ()
+    topology_labels: tuple[str, ...] = ()
+    # `<topology>:<switch>`: the tree topology and its switch (declared in topology.yaml,
+    # with a child, so not a leaf) under which the switches of `topology_labels` are made.
+    topology_root: str = "default:root"
+
+    def gives_feature(self, key: str) -> bool:
+        """Whether a Kubernetes node label with this key gives a Slurm feature."""
+        return any(key == k or (k.endswith("/") and key.startswith(k)) for k in self.feature_labels)
+
+    def watches(self, key: str) -> bool:
+        """Whether a Kubernetes node label with this key is read."""
+        return key in self.topology_labels or self.gives_feature(key)
+
+    def labels_of(self, labels: Mapping[str, str]) -> dict[str, str]:
+        """The labels read, of those given."""
+        return {k: v for k, v in labels.items() if self.watches(k)}
+
+
 @dataclass
 class Context:
     """The side effects and shared caches a reconcile uses."""
@@ -48,6 +71,10 @@ class Context:
     gres_resources: Mapping[str, str] = field(
         default_factory=lambda: dict(builder.DEFAULT_GRES_RESOURCES)
     )
+    # Kubernetes node labels -> Slurm features and topology (`placement`), and what was
+    # last written per Slurm node: (body, when, accepted).
+    placement: Placement = field(default_factory=Placement)
+    placement_writes: dict[str, tuple[str, float, bool]] = field(default_factory=dict)
 
 
 @dataclass
