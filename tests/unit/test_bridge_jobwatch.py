@@ -66,6 +66,26 @@ async def test_a_tracked_job_is_read_and_its_changes_reported() -> None:
         await watch.stop()
 
 
+async def test_a_pending_jobs_new_reason_is_told() -> None:
+    """The pod's condition says why its job waits: Slurm's reason moving from Priority to
+    Resources is a change to tell (the pod said Priority for good before)."""
+
+    def pending(reason: str) -> Job:
+        return Job.parse({"job_id": 1, "job_state": ["PENDING"], "state_reason": reason})
+
+    slurm = FakeSlurm()
+    slurm.jobs[1] = pending("Priority")
+    changed: list[int] = []
+    watch = JobWatch(slurm, on_change=changed.append, max_interval=60.0)  # type: ignore[arg-type]
+    watch.track(1)
+    await watch.read(1)
+    await watch.read(1)
+    assert changed == [1]  # the same reason again is no change
+    slurm.jobs[1] = pending("Resources")
+    await watch.read(1)
+    assert changed == [1, 1]
+
+
 async def test_an_unchanged_running_job_waits_for_the_backstop_interval() -> None:
     slurm = FakeSlurm()
     slurm.set(1, "RUNNING", "n1")

@@ -64,8 +64,13 @@ PENDING_FULL_READ_S = 10.0
 EVENT_MIN_GAP_S = 2.0
 
 
-def _significant(job: Job | None) -> tuple[tuple[str, ...], str] | None:
-    return None if job is None else (tuple(job.state), job.nodes)
+def _significant(job: Job | None) -> tuple[tuple[str, ...], str, str] | None:
+    """What of a job the pods follow: its state, its nodes and, while it is pending, Slurm's
+    reason (the pod's PodScheduled condition names it; a CI run saw it stay Priority after
+    Slurm had moved on to Resources)."""
+    if job is None:
+        return None
+    return (tuple(job.state), job.nodes, job.state_reason if job.is_pending else "")
 
 
 class JobWatch(BackgroundLoop):
