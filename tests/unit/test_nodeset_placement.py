@@ -36,20 +36,13 @@ def test_labels_give_features_by_value_or_by_key_for_true() -> None:
     labels = {
         f"{NFD}cpu-cpuid.AVX512F": "true",
         f"{NFD}cpu-cpuid.SSE": "false",  # false: nothing
-        f"{NFD}kernel-version.major": "6",
+        f"{NFD}kernel-version.major": "6",  # under a prefix only true counts
         ZONE: "zone-a",
         RACK: "r1",  # a topology label only
         "kubernetes.io/hostname": "k1",  # not asked for
         f"{NFD}bad": "a,b",  # a comma would split the feature: left out
     }
-    assert placement.label_features(labels, CONFIG) == ["6", "cpu-cpuid.AVX512F", "zone-a"]
-
-
-def test_features_others_gave_stay_and_those_whose_label_went_go() -> None:
-    node = Node.parse({"name": "n", "features": ["gpu", "zone-a", "old"]})
-    # "old" was added by the operator from a label that is gone; "gpu" came with slurmd.
-    assert placement.wanted_features(node, ["zone-a", "old"], ["zone-b"]) == ["gpu", "zone-b"]
-    assert placement.wanted_features(node, [], []) == ["gpu", "zone-a", "old"]
+    assert placement.label_features(labels, CONFIG) == ["cpu-cpuid.AVX512F", "zone-a"]
 
 
 def kube_node(labels: dict[str, str], **notes: str) -> dict[str, Any]:
@@ -103,18 +96,22 @@ def slurm_comment(namespace: str, pod: str) -> str:
 
 
 def setup(
-    raw_node: dict[str, Any], labels: dict[str, str], pod_notes: dict[str, str], status: int = 200
+    raw_node: dict[str, Any],
+    labels: dict[str, str],
+    pod_notes: dict[str, str],
+    status: int = 200,
+    refuse: str = "",
 ) -> Any:
     posts: list[Any] = []
 
     def handler(req: httpx2.Request) -> httpx2.Response:
         posts.append(json.loads(req.content))
-        if status != 200:
+        if status != 200 or refuse in posts[-1]:
             error = {
                 "error": "Requested topology configuration is not available",
                 "error_number": 1,
             }
-            return httpx2.Response(status, json={"errors": [error]})
+            return httpx2.Response(status if status != 200 else 500, json={"errors": [error]})
         return httpx2.Response(200, json={})
 
     client = SlurmClient("http://slurm.test", StaticToken("t", user="u"))
@@ -159,11 +156,8 @@ async def test_a_node_is_given_its_features_and_place_once() -> None:
     )
     await placement.sync_placement(ctx, view)
     assert posts == [
-        {
-            "features": ["gpu", "z1"],
-            "features_act": ["gpu", "z1"],
-            "topology_str": "racks:top:z1:z1.r1",
-        }
+        {"features": ["gpu", "z1"], "features_act": ["gpu", "z1"]},
+        {"topology_str": "racks:top:z1:z1.r1"},
     ]
     assert patches == [{"annotations": {ANNOTATION_SLURM_FEATURES: "z1"}}]
     # Slurm shows it so (in its own order): nothing more is written.
@@ -189,11 +183,63 @@ async def test_a_write_is_not_repeated_before_slurm_shows_it_nor_a_refused_one_s
     ctx, view, posts, _ = setup({"comment": comment}, {ZONE: "z1", RACK: "r1"}, {})
     await placement.sync_placement(ctx, view)
     await placement.sync_placement(ctx, view)  # the Slurm view has not caught up yet
-    assert len(posts) == 1
-    ctx, view, posts, _ = setup({"comment": comment}, {ZONE: "z1", RACK: "r1"}, {}, status=500)
+    assert len(posts) == 2  # features, topology: once each
+    ctx, view, posts, patches = setup({"comment": comment}, {ZONE: "z1", RACK: "r1"}, {}, 500)
     for _ in range(3):
         await placement.sync_placement(ctx, view)
-    assert len(posts) == 1  # refused: tried again in minutes, not at every reconcile
+    assert len(posts) == 2  # refused: tried again in minutes, not at every reconcile
+    assert patches == []  # features Slurm refused are not recorded as added
+    assert [(e[1], e[2]) for e in ctx.events] == [("Warning", "SlurmNodePlacementFailed")] * 2
+
+
+async def test_features_others_gave_stay_and_those_whose_label_went_go() -> None:
+    comment = slurm_comment("ns", "cpu-0")
+    # "old" was added by the operator from a label that is gone; "gpu" came with slurmd.
+    ctx, view, posts, patches = setup(
+        {"features": ["gpu", "z0", "old"], "comment": comment},
+        {ZONE: "z1"},
+        {ANNOTATION_SLURM_FEATURES: "z0,old"},
+    )
+    await placement.sync_placement(ctx, view)
+    assert posts == [{"features": ["gpu", "z1"], "features_act": ["gpu", "z1"]}]
+    assert patches == [{"annotations": {ANNOTATION_SLURM_FEATURES: "z1"}}]
+
+
+async def test_a_feature_the_node_had_is_not_claimed_as_added() -> None:
+    """A label giving a feature the node registered with: removing the label later must
+    not take the feature away."""
+    comment = slurm_comment("ns", "cpu-0")
+    ctx, view, posts, patches = setup({"features": ["z1"], "comment": comment}, {ZONE: "z1"}, {})
+    await placement.sync_placement(ctx, view)
+    assert posts == [] and patches == []
+
+
+async def test_nothing_is_decided_on_a_slurm_view_older_than_the_last_write() -> None:
+    """The review's race: zone z0 -> z1 written, the annotation says z1 at once, the Slurm
+    view still shows z0. Deciding then would keep z0 as someone else's feature for good."""
+    comment = slurm_comment("ns", "cpu-0")
+    ctx, view, posts, patches = setup(
+        {"features": ["gpu", "z0"], "comment": comment},
+        {ZONE: "z1"},
+        {ANNOTATION_SLURM_FEATURES: "z0"},
+    )
+    await placement.sync_placement(ctx, view)
+    assert posts == [{"features": ["gpu", "z1"], "features_act": ["gpu", "z1"]}]
+    view.active["cpu-0"]["metadata"]["annotations"][ANNOTATION_SLURM_FEATURES] = "z1"
+    await placement.sync_placement(ctx, view)  # same stale Slurm view: no new decision
+    assert len(posts) == 1 and len(patches) == 1
+
+
+async def test_a_refused_topology_does_not_hold_back_the_features() -> None:
+    comment = slurm_comment("ns", "cpu-0")
+    ctx, view, posts, patches = setup(
+        {"comment": comment}, {ZONE: "z1", RACK: "r1"}, {}, refuse="topology_str"
+    )
+    await placement.sync_placement(ctx, view)
+    assert posts == [
+        {"features": ["z1"], "features_act": ["z1"]},
+        {"topology_str": "racks:top:z1:z1.r1"},
+    ]
+    assert patches == [{"annotations": {ANNOTATION_SLURM_FEATURES: "z1"}}]
     ((_, kind, reason, message),) = ctx.events
-    assert (kind, reason) == ("Warning", "SlurmNodePlacementFailed")
-    assert "topology" in message
+    assert (kind, reason) == ("Warning", "SlurmNodePlacementFailed") and "topology" in message

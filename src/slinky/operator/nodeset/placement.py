@@ -4,13 +4,15 @@ Features: each label of the Kubernetes node whose key is one of `--node-feature-
 (an exact key, or a prefix ending in `/`, like Node Feature Discovery's
 `feature.node.kubernetes.io/`) gives the Slurm node one feature, so `--constraint` selects
 on it. A label whose value is `true` gives the key's last part (`.../cpu-cpuid.AVX512F` ->
-`cpu-cpuid.AVX512F`); `false` gives nothing; any other value gives the value
-(`topology.kubernetes.io/zone=zone-a` -> `zone-a`). A name Slurm cannot take in a feature
-(outside `[A-Za-z0-9._-]`) is left out.
+`cpu-cpuid.AVX512F`); `false` gives nothing; under an exact key, any other value gives the
+value (`topology.kubernetes.io/zone=zone-a` -> `zone-a`), under a prefix nothing (NFD's
+`cpu-model.family=6` would give a bare `6`). A name Slurm cannot take in a feature (outside
+`[A-Za-z0-9._-]`) is left out.
 
 The operator remembers which features it added in the pod annotation
-`nodeset.slinky.slurm.net/slurm-features`: a feature slurmd registered with (`--conf
-"Features=..."`) or an admin set stays, and one whose label went is removed.
+`nodeset.slinky.slurm.net/slurm-features` (not those the node had already): a feature slurmd
+registered with (`--conf "Features=..."`) or an admin set stays, and one whose label went is
+removed.
 
 Topology: a Kubernetes node annotated `topology.slinky.slurm.net/spec` (upstream's
 convention) gives its value as is, e.g. `topo-block:b1`. Otherwise `--topology-labels` names
@@ -58,18 +60,12 @@ def label_features(labels: Mapping[str, str], placement: Placement) -> list[str]
     for key, value in labels.items():
         if not placement.gives_feature(key) or value == "false":
             continue
+        if value != "true" and key not in placement.feature_labels:
+            continue  # under a prefix only true counts: `...family=6` would give "6"
         feature = key.rsplit("/", 1)[-1] if value == "true" else value
         if FEATURE_NAME.fullmatch(feature):
             out.add(feature)
     return sorted(out)
-
-
-def wanted_features(node: Node, added_before: list[str], from_labels: list[str]) -> list[str]:
-    """The node's features with those the operator added before replaced by `from_labels`:
-    what slurmd registered with and what an admin set stay, in their order."""
-    before = set(added_before)
-    kept = [f for f in node.features if f not in before]
-    return kept + [f for f in from_labels if f not in kept]
 
 
 def topology_unit(node: Mapping[str, Any], placement: Placement) -> str | None:
@@ -98,67 +94,99 @@ def added(pod: Mapping[str, object]) -> list[str]:
 
 async def sync_placement(ctx: Context, view: View) -> None:
     """Features and topology of each pod's Slurm node follow its Kubernetes node's labels;
-    a write happens only when they differ (cached views on both sides)."""
+    a write happens only when they differ (cached views on both sides), and not while an
+    earlier write is still to show in the Slurm view (a decision on that stale view would
+    take the old features for someone else's)."""
     placement = ctx.placement
-    if view.conn is None:
+    conn = view.conn
+    if conn is None:
         return
     for pod, node in view.pods_with_nodes():
         kube_node = ctx.nodes.store.get(pods.node_name(pod) or "")
         if kube_node is None or not belongs_to(node, view.namespace, node.name):
             continue
-        labels = kube_node["metadata"].get("labels") or {}
-        body: dict[str, object] = {}
-        mine = label_features(labels, placement)
-        before = added(pod)
-        if placement.feature_labels:
-            want = wanted_features(node, before, mine)
-            if set(want) != set(node.features):  # Slurm may list them in its own order
-                body["features"] = want
-                body["features_act"] = want
-        unit = topology_unit(kube_node, placement)
-        if unit is not None and unit != node.topology:
-            body["topology_str"] = unit
-        if body and not _written_lately(ctx, node.name, body):
-            try:
-                await view.conn.client.update_node(node.name, extra=body)
-            except errors.SlurmNotFound:
-                continue
-            except errors.SlurmError as e:
-                _remember(ctx, node.name, body, accepted=False)
-                log.info("nodeset %s: cannot place Slurm node %s (%s)", view.key, node.name, e)
-                ctx.recorder.event(
-                    view.obj,
-                    events.WARNING,
-                    "SlurmNodePlacementFailed",
-                    f"Slurm node {node.name}: {', '.join(sorted(body))} not set: {e}",
+        if placement.feature_labels and not _awaiting(ctx, conn.cluster_key, node, "features"):
+            labels = kube_node["metadata"].get("labels") or {}
+            mine, before = label_features(labels, placement), added(pod)
+            others = [f for f in node.features if f not in before]
+            want = others + [f for f in mine if f not in others]
+            ours = [f for f in mine if f not in others]  # only what the operator adds
+            shown = set(want) == set(node.features)  # Slurm may list them in its own order
+            if not shown:
+                body = {"features": want, "features_act": want}
+                shown = await _write(ctx, view, node, "features", body)
+            if shown and ours != before:  # what Slurm took, never what it refused
+                await ctx.podcontrol.patch_metadata(
+                    pod, annotations={ANNOTATION_SLURM_FEATURES: ",".join(ours) or None}
                 )
-                continue
-            _remember(ctx, node.name, body, accepted=True)
-            log.info("nodeset %s: Slurm node %s placed: %s", view.key, node.name, body)
-        if placement.feature_labels and mine != before:
-            await ctx.podcontrol.patch_metadata(
-                pod, annotations={ANNOTATION_SLURM_FEATURES: ",".join(mine) or None}
-            )
+        unit = topology_unit(kube_node, placement)
+        if (
+            unit is not None
+            and unit != node.topology
+            and not _awaiting(ctx, conn.cluster_key, node, "topology")
+        ):
+            await _write(ctx, view, node, "topology", {"topology_str": unit})
 
 
-# The same write is not sent again this soon: an accepted one until the Slurm view shows it
-# (a reconcile in between would send it twice), a refused one (a topology topology.yaml
-# lacks) until someone may have fixed the cause, not at every reconcile.
+async def _write(ctx: Context, view: View, node: Node, kind: str, body: dict[str, Any]) -> bool:
+    """One placement write (features or topology: a refused topology must not hold back
+    the features). True when Slurm took it. A refusal is told once and tried again in
+    minutes; Slurm unreachable is left to the next reconcile."""
+    assert view.conn is not None
+    key = f"{view.conn.cluster_key}/{node.name}/{kind}"
+    text = json.dumps(body, sort_keys=True)
+    last = ctx.placement_writes.get(key)
+    if (
+        last is not None
+        and last[0] == text
+        and not last[2]
+        and time.monotonic() - last[1] < REFUSED_RETRY_S
+    ):
+        return False
+    try:
+        await view.conn.client.update_node(node.name, extra=body)
+    except errors.SlurmNotFound:
+        return False
+    except errors.SlurmUnavailable as e:
+        log.info("nodeset %s: cannot place Slurm node %s now (%s)", view.key, node.name, e)
+        return False
+    except errors.SlurmError as e:
+        _remember(ctx, key, text, accepted=False)
+        log.info("nodeset %s: Slurm refused %s of node %s (%s)", view.key, kind, node.name, e)
+        ctx.recorder.event(
+            view.obj,
+            events.WARNING,
+            "SlurmNodePlacementFailed",
+            f"Slurm node {node.name}: {kind} not set: {e}",
+        )
+        return False
+    _remember(ctx, key, text, accepted=True)
+    log.info("nodeset %s: Slurm node %s placed: %s", view.key, node.name, body)
+    return True
+
+
+# An accepted write waits this long at most for the Slurm view to show it; a refused one (a
+# topology topology.yaml lacks) is tried again after REFUSED_RETRY_S, not at every reconcile.
 ACCEPTED_GRACE_S = 30.0
 REFUSED_RETRY_S = 300.0
 
 
-def _written_lately(ctx: Context, node: str, body: Mapping[str, object]) -> bool:
-    last = ctx.placement_writes.get(node)
-    if last is None or last[0] != json.dumps(body, sort_keys=True):
+def _awaiting(ctx: Context, conn_key: str, node: Node, kind: str) -> bool:
+    """Whether an accepted write of `kind` to `node` is recent and the Slurm view does not
+    show it yet: nothing is decided on that view."""
+    last = ctx.placement_writes.get(f"{conn_key}/{node.name}/{kind}")
+    if last is None or not last[2] or time.monotonic() - last[1] >= ACCEPTED_GRACE_S:
         return False
-    return time.monotonic() - last[1] < (ACCEPTED_GRACE_S if last[2] else REFUSED_RETRY_S)
+    written = json.loads(last[0])
+    if kind == "features":
+        return set(written["features"]) != set(node.features)
+    return bool(written["topology_str"] != node.topology)
 
 
-def _remember(ctx: Context, node: str, body: Mapping[str, object], *, accepted: bool) -> None:
+def _remember(ctx: Context, key: str, text: str, *, accepted: bool) -> None:
     now = time.monotonic()
     writes = ctx.placement_writes
     if len(writes) > 4096:  # nodes gone since: forget what is past every grace
-        for name in [n for n, w in writes.items() if now - w[1] > REFUSED_RETRY_S]:
-            del writes[name]
-    writes[node] = (json.dumps(body, sort_keys=True), now, accepted)
+        for old in [k for k, w in writes.items() if now - w[1] > REFUSED_RETRY_S]:
+            del writes[old]
+    writes[key] = (text, now, accepted)

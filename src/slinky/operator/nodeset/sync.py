@@ -400,8 +400,8 @@ class NodeSetSync:
         backoff, due = self.replacing.get(uid, (Backoff(60.0, 900.0), 0.0))
         if not replace or view.conn is None:
             return []
-        if time.monotonic() < due:
-            return [due - time.monotonic()]  # no event comes when the backoff ends
+        if (left := due - time.monotonic()) > 0:
+            return [max(left, 0.5)]  # no event comes when the backoff ends
         self.replacing[uid] = (backoff, time.monotonic() + backoff.next())
         for pod in lost_replaceable:
             name = pods.name(pod)
@@ -447,8 +447,8 @@ class NodeSetSync:
         backoff, due = self.rescuing.get(uid, (Backoff(60.0, 900.0), 0.0))
         if view.conn is None:
             return []
-        if time.monotonic() < due:
-            return [due - time.monotonic()]
+        if (left := due - time.monotonic()) > 0:
+            return [max(left, 0.5)]
         self.rescuing[uid] = (backoff, time.monotonic() + backoff.next())
         for pod in stuck:
             name = pods.name(pod)
