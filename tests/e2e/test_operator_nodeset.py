@@ -459,7 +459,8 @@ async def test_node_labels_place_slurm_nodes_in_racks_and_give_features(env: Env
                     "slinky.test/zone": "z1",
                     "slinky.test/rack": r,
                     "features.slinky.test/fast": "true",
-                    "features.slinky.test/gen": "g2",
+                    "features.slinky.test/g2": "true",
+                    "features.slinky.test/family": "6",  # under a prefix: no feature
                 },
             )
 
@@ -469,7 +470,7 @@ async def test_node_labels_place_slurm_nodes_in_racks_and_give_features(env: Env
                 want = f"racks:root:z1:z1.{rack[on[name]]}"
                 if node is None or node.topology != want:
                     return False
-                if not {"racked", "fast", "g2"} <= set(node.features):
+                if not {"racked", "fast", "g2"} <= set(node.features) or "6" in node.features:
                     return False  # the NodeSet's own feature stays
             return True
 
@@ -513,7 +514,7 @@ async def test_node_labels_place_slurm_nodes_in_racks_and_give_features(env: Env
         assert sorted(expand_hostlist(done.nodes)) == r2, done.nodes
         # Labels gone: the features the operator added go too, the NodeSet's stays.
         for node in rack:
-            await label(node, {"features.slinky.test/fast": None, "features.slinky.test/gen": None})
+            await label(node, {"features.slinky.test/fast": None, "features.slinky.test/g2": None})
 
         async def unfeatured() -> bool:
             for name in names:
@@ -533,7 +534,8 @@ async def test_node_labels_place_slurm_nodes_in_racks_and_give_features(env: Env
                     "slinky.test/zone": None,
                     "slinky.test/rack": None,
                     "features.slinky.test/fast": None,
-                    "features.slinky.test/gen": None,
+                    "features.slinky.test/g2": None,
+                    "features.slinky.test/family": None,
                 },
             )
 
