@@ -27,6 +27,7 @@ import pytest
 import yaml
 
 from slinky.bridge.labels import FINALIZER as BRIDGE_FINALIZER
+from slinky.bridge.labels import SLURM_JOBID
 from slinky.kube import rest
 from slinky.operator.nodeset.builder import LABEL_PROTECT
 from slinky.operator.resources import CLUSTERS, NODESETS
@@ -702,7 +703,16 @@ async def test_helm_installs_operator_slurm_and_bridge_that_run_jobs_upgrade_and
         pod = await kube.get(rest.PODS, "hello-rekeyed", i.jobs_ns)
         return pod if (pod.get("status") or {}).get("phase") == "Succeeded" else None
 
-    await wait_for(rekeyed_pod_done, timeout=300, interval=1, what="bridge pod after re-key")
+    done = await wait_for(rekeyed_pod_done, timeout=300, interval=1, what="bridge pod after re-key")
+    # Its placeholder job ends a moment after the pod (the bridge cancels it). Uninstalled
+    # within that moment, the bridge would leave the job running, and the NodeSet it holds
+    # would wait for it, as for any job (a CI run saw exactly that).
+    placeholder = int(done["metadata"]["labels"][SLURM_JOBID])
+
+    async def placeholder_ended() -> bool:
+        return await job_state(i, placeholder) not in ("RUNNING", "PENDING", "COMPLETING")
+
+    await wait_for(placeholder_ended, timeout=60, interval=0.5, what="placeholder job ended")
     i.timings["JWT key made anew: upgrade to a bridge pod through Slurm"] = time.monotonic() - start
 
     # ------------------------------------------------ uninstall: drain first, nothing left
