@@ -202,7 +202,7 @@ def registering(view: View) -> bool:
 def unregistered(view: View) -> list[JSON]:
     """Active pods Ready for REGISTRATION_DEADLINE_S whose Slurm node Slurm does not know,
     by a view polled after that deadline passed (not condemned: those go anyway)."""
-    return [pod for pod, left in _lost_clocks(view, responding=False) if _due(view, left)]
+    return [pod for pod, left in _unregistered_clocks(view) if _due(view, left)]
 
 
 def _due(view: View, left: float) -> bool:
@@ -218,8 +218,8 @@ def recheck_in(view: View) -> float | None:
     the NodeSet waited for some unrelated change (soak run 8: over 4 minutes)."""
     if view.conn is None or not view.slurm_ready:
         return None
-    lefts = [left for _, left in _lost_clocks(view, responding=False)]
-    lefts += [left for _, left in _lost_clocks(view, responding=True)]
+    lefts = [left for _, left in _unregistered_clocks(view)]
+    lefts += [left for _, left in _unresponsive_clocks(view)]
     ahead = [left for left in lefts if left >= 0]
     stale = [left for left in lefts if left < 0 and not _due(view, left)]
     if stale:
@@ -228,23 +228,30 @@ def recheck_in(view: View) -> float | None:
     return min(ahead) + DEADLINE_MARGIN_S if ahead else None
 
 
-def _lost_clocks(view: View, *, responding: bool) -> list[tuple[JSON, float]]:
+def _unregistered_clocks(view: View) -> list[tuple[JSON, float]]:
     """(pod, seconds left until REGISTRATION_DEADLINE_S) for the active, Ready, not
-    condemned pods whose Slurm node is missing (`responding=False`) or, with
-    `responding=True`, NOT_RESPONDING without jobs (the clock starts when the mirror saw
-    it so: the condition's transition time)."""
+    condemned pods whose Slurm node the view does not show (the clock starts when the pod
+    became Ready)."""
+    if view.conn is None or not view.slurm_ready:
+        return []
+    now = dt.datetime.now(dt.UTC)
+    known = view.conn.informer.nodes
+    out = []
+    for pod in view.active.values():
+        since = pods.ready_since(pod)
+        if since is None or pods.condemned(pod) is not None or pods.name(pod) in known:
+            continue
+        out.append((pod, REGISTRATION_DEADLINE_S - (now - since).total_seconds()))
+    return out
+
+
+def _unresponsive_clocks(view: View) -> list[tuple[JSON, float]]:
+    """The same for pods whose Slurm node is NOT_RESPONDING without jobs (the clock starts
+    when the mirror saw it so: the condition's transition time)."""
     if view.conn is None or not view.slurm_ready:
         return []
     now = dt.datetime.now(dt.UTC)
     out = []
-    if not responding:
-        known = view.conn.informer.nodes
-        for pod in view.active.values():
-            since = pods.ready_since(pod)
-            if since is None or pods.condemned(pod) is not None or pods.name(pod) in known:
-                continue
-            out.append((pod, REGISTRATION_DEADLINE_S - (now - since).total_seconds()))
-        return out
     for pod, node in view.pods_with_nodes():
         if pods.condemned(pod) is not None or pods.ready_since(pod) is None:
             continue
@@ -276,7 +283,7 @@ def unreachable(view: View) -> list[JSON]:
     after that: slurmctld pings an address the pod no longer has (a kill -9 restored the
     node record of the pod's predecessor, saved before this pod registered) or its slurmd
     hangs. No job is on the node; replacing the pod registers it anew."""
-    return [pod for pod, left in _lost_clocks(view, responding=True) if _due(view, left)]
+    return [pod for pod, left in _unresponsive_clocks(view) if _due(view, left)]
 
 
 def cordon_reason(ctx: Context, pod: JSON) -> str | None:

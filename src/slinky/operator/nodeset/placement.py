@@ -30,7 +30,6 @@ from state that names a topology it does not have.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -43,6 +42,7 @@ from slinky.operator.nodeset.builder import ANNOTATION_SLURM_FEATURES
 from slinky.operator.nodeset.view import Context, Placement, View, belongs_to
 from slinky.slurm import errors
 from slinky.slurm.models import Node
+from slinky.types import JSON
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +86,9 @@ def topology_unit(node: Mapping[str, Any], placement: Placement) -> str | None:
     return ":".join([placement.topology_root, *path])
 
 
-def added(pod: Mapping[str, object]) -> list[str]:
+def added(pod: JSON) -> list[str]:
     """The features the operator added to the pod's Slurm node (its annotation)."""
-    text = pods.annotation(dict(pod), ANNOTATION_SLURM_FEATURES) or ""
+    text = pods.annotation(pod, ANNOTATION_SLURM_FEATURES) or ""
     return [f for f in text.split(",") if f]
 
 
@@ -134,11 +134,10 @@ async def _write(ctx: Context, view: View, node: Node, kind: str, body: dict[str
     minutes; Slurm unreachable is left to the next reconcile."""
     assert view.conn is not None
     key = f"{view.conn.cluster_key}/{node.name}/{kind}"
-    text = json.dumps(body, sort_keys=True)
     last = ctx.placement_writes.get(key)
     if (
         last is not None
-        and last[0] == text
+        and last[0] == body
         and not last[2]
         and time.monotonic() - last[1] < REFUSED_RETRY_S
     ):
@@ -151,7 +150,7 @@ async def _write(ctx: Context, view: View, node: Node, kind: str, body: dict[str
         log.info("nodeset %s: cannot place Slurm node %s now (%s)", view.key, node.name, e)
         return False
     except errors.SlurmError as e:
-        _remember(ctx, key, text, accepted=False)
+        _remember(ctx, key, body, accepted=False)
         log.info("nodeset %s: Slurm refused %s of node %s (%s)", view.key, kind, node.name, e)
         ctx.recorder.event(
             view.obj,
@@ -160,7 +159,7 @@ async def _write(ctx: Context, view: View, node: Node, kind: str, body: dict[str
             f"Slurm node {node.name}: {kind} not set: {e}",
         )
         return False
-    _remember(ctx, key, text, accepted=True)
+    _remember(ctx, key, body, accepted=True)
     log.info("nodeset %s: Slurm node %s placed: %s", view.key, node.name, body)
     return True
 
@@ -177,16 +176,16 @@ def _awaiting(ctx: Context, conn_key: str, node: Node, kind: str) -> bool:
     last = ctx.placement_writes.get(f"{conn_key}/{node.name}/{kind}")
     if last is None or not last[2] or time.monotonic() - last[1] >= ACCEPTED_GRACE_S:
         return False
-    written = json.loads(last[0])
+    written = last[0]
     if kind == "features":
         return set(written["features"]) != set(node.features)
     return bool(written["topology_str"] != node.topology)
 
 
-def _remember(ctx: Context, key: str, text: str, *, accepted: bool) -> None:
+def _remember(ctx: Context, key: str, body: dict[str, Any], *, accepted: bool) -> None:
     now = time.monotonic()
     writes = ctx.placement_writes
     if len(writes) > 4096:  # nodes gone since: forget what is past every grace
         for old in [k for k, w in writes.items() if now - w[1] > REFUSED_RETRY_S]:
             del writes[old]
-    writes[key] = (text, now, accepted)
+    writes[key] = (body, now, accepted)

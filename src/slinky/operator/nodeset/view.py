@@ -74,7 +74,7 @@ class Context:
     # Kubernetes node labels -> Slurm features and topology (`placement`), and what was
     # last written per Slurm node: (body, when, accepted).
     placement: Placement = field(default_factory=Placement)
-    placement_writes: dict[str, tuple[str, float, bool]] = field(default_factory=dict)
+    placement_writes: dict[str, tuple[dict[str, Any], float, bool]] = field(default_factory=dict)
 
 
 @dataclass
