@@ -282,6 +282,15 @@ async def submit(install: Install, partition: str, seconds: int, *options: str) 
     return int(out.strip().split(";")[0])
 
 
+async def submit_script(install: Install, node: str, name: str, script: str, *options: str) -> int:
+    """A batch job on `node` writing to /tmp/<name>.out there."""
+    out = install.ctld(
+        "sbatch", "--parsable", "-w", node, "-J", name, "-o", f"/tmp/{name}.out", *options,
+        "--wrap", script,
+    )  # fmt: skip
+    return int(out.strip().split(";")[0])
+
+
 async def job_state(install: Install, job_id: int) -> str:
     return install.job_fields(job_id).get("JobState", "")
 
@@ -294,15 +303,20 @@ async def running(install: Install, job_id: int, timeout: float = 90) -> dict[st
     return await wait_for(check, timeout=timeout, interval=0.5, what=f"job {job_id} RUNNING")
 
 
-async def completed(install: Install, job_id: int, timeout: float = 120) -> dict[str, str]:
-    """The job ended COMPLETED and was never requeued."""
+async def ended(install: Install, job_id: int, timeout: float = 120) -> dict[str, str]:
+    """The job's fields once it ended, however."""
 
-    async def ended() -> dict[str, str] | None:
+    async def done() -> dict[str, str] | None:
         fields = install.job_fields(job_id)
         state = fields.get("JobState", "")
         return fields if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING") else None
 
-    fields = await wait_for(ended, timeout=timeout, interval=0.5, what=f"job {job_id} ended")
+    return await wait_for(done, timeout=timeout, interval=0.5, what=f"job {job_id} ended")
+
+
+async def completed(install: Install, job_id: int, timeout: float = 120) -> dict[str, str]:
+    """The job ended COMPLETED and was never requeued."""
+    fields = await ended(install, job_id, timeout)
     assert fields["JobState"] == "COMPLETED", f"job {job_id}: {fields}"
     assert fields.get("Restarts") == "0", f"job {job_id} was requeued: {fields}"
     return fields
@@ -545,6 +559,40 @@ async def test_helm_installs_operator_slurm_and_bridge_that_run_jobs_upgrade_and
     i.kubectl(*exec_in, "rm", HEALTH_MARKER)
     i.ctld("scontrol", "update", f"nodename={extra}", "state=resume")
     await idle_nodes(i, "extra", 1)
+
+    # ------------------------------------------------ jobs kept apart by cgroups
+    # The chart's default (slurmConfig.jobIsolation: cgroup), with CAP_SYS_ADMIN added to the
+    # slurmd container and nothing privileged: a job using more memory than its --mem is
+    # killed alone (OUT_OF_MEMORY) while its neighbour on the same node completes; each
+    # 1-CPU job sees one CPU, not the other's.
+    await idle_nodes(i, "batch", 1)
+    batch = f"{i.nodeset('batch')}-0"
+    slurmd = (await kube.get(rest.PODS, batch, i.slurm_ns))["spec"]["containers"][0]
+    assert slurmd["securityContext"] == {"capabilities": {"add": ["SYS_ADMIN"]}}
+    cpus = "nproc; grep Cpus_allowed_list /proc/self/status"
+    # The neighbour runs until the test has seen the hog's end (a file it then makes).
+    neighbour = await submit_script(
+        i, batch, "neighbour",
+        f"{cpus}; while [ ! -e /tmp/hog-ended ]; do sleep 0.2; done; echo neighbour done",
+        "-c1", "--mem=64",
+    )  # fmt: skip
+    await running(i, neighbour)
+    hog = await submit_script(
+        i, batch, "hog", f"{cpus}; head -c 512M /dev/zero | tail >/dev/null", "-c1", "--mem=64"
+    )
+    hogged = await ended(i, hog)
+    assert hogged["JobState"] == "OUT_OF_MEMORY", hogged
+    in_batch = ("-n", i.slurm_ns, "exec", batch, "-c", "slurmd", "--")
+    i.kubectl(*in_batch, "touch", "/tmp/hog-ended")
+    await completed(i, neighbour)
+    hog_out = i.kubectl(*in_batch, "cat", "/tmp/hog.out").split("\n")
+    neighbour_out = i.kubectl(*in_batch, "cat", "/tmp/neighbour.out").split("\n")
+    assert hog_out[0] == neighbour_out[0] == "1", (hog_out, neighbour_out)
+    hog_cpu, neighbour_cpu = hog_out[1].split()[-1], neighbour_out[1].split()[-1]
+    assert hog_cpu.isdigit() and neighbour_cpu.isdigit() and hog_cpu != neighbour_cpu
+    assert "neighbour done" in neighbour_out, neighbour_out
+    pod_status = (await kube.get(rest.PODS, batch, i.slurm_ns))["status"]
+    assert pod_status["containerStatuses"][0]["restartCount"] == 0
 
     # ------------------------------------------------ the webhook outlives one replica's end
     # Two replicas; one is deleted (as a drain or a rollout does) while pods keep being

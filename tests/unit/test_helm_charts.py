@@ -558,6 +558,66 @@ def test_one_nodeset_and_partition_per_compute_entry(tmp_path: Path) -> None:
             partition.parse_config(spec["partition"]["config"])
 
 
+def _slurmd(objs: list[JSON]) -> dict[str, JSON]:
+    return {
+        o["metadata"]["name"]: o["spec"]["template"]["spec"]["containers"][0]
+        for o in kinds(objs, "NodeSet")
+    }
+
+
+def test_jobs_are_isolated_by_cgroups_by_default_with_only_sys_admin_added(
+    tmp_path: Path,
+) -> None:
+    values = {
+        "compute": {
+            "nodesets": [
+                {"name": "plain"},
+                {"name": "own", "securityContext": {"capabilities": {"add": ["NET_ADMIN"]}}},
+                {"name": "twice", "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}},
+                {"name": "fallback", "securityContext": {"privileged": True}},
+            ]
+        }
+    }
+    objs = render_values("slurm", values, tmp_path)
+    conf = slurm_conf(objs)
+    assert "ProctrackType=proctrack/cgroup" in conf
+    assert "TaskPlugin=task/cgroup,task/affinity" in conf
+    cgroup_conf = one(objs, "ConfigMap", "slurm-config")["data"]["cgroup.conf"].split()
+    for line in ("CgroupPlugin=autodetect", "ConstrainCores=yes", "ConstrainRAMSpace=yes"):
+        assert line in cgroup_conf
+    assert "ConstrainDevices=yes" in cgroup_conf
+    contexts = {name: c.get("securityContext") for name, c in _slurmd(objs).items()}
+    assert contexts == {
+        "slurm-compute-plain": {"capabilities": {"add": ["SYS_ADMIN"]}},
+        "slurm-compute-own": {"capabilities": {"add": ["NET_ADMIN", "SYS_ADMIN"]}},
+        "slurm-compute-twice": {"capabilities": {"add": ["SYS_ADMIN"]}},
+        "slurm-compute-fallback": {"privileged": True},
+    }
+
+
+def test_without_job_isolation_there_are_no_cgroups_and_no_capability(tmp_path: Path) -> None:
+    values = {
+        "slurmConfig": {"jobIsolation": "none", "cgroupConf": "CgroupPlugin=cgroup/v2\n"},
+        "compute": {"nodesets": [{"name": "plain"}, {"name": "own", "securityContext": {
+            "runAsUser": 0}}]},
+    }  # fmt: skip
+    objs = render_values("slurm", values, tmp_path)
+    conf = slurm_conf(objs)
+    assert "ProctrackType=proctrack/linuxproc" in conf and "TaskPlugin=task/none" in conf
+    assert one(objs, "ConfigMap", "slurm-config")["data"]["cgroup.conf"].split() == [
+        "CgroupPlugin=disabled"
+    ]
+    contexts = {name: c.get("securityContext") for name, c in _slurmd(objs).items()}
+    assert contexts == {"slurm-compute-plain": None, "slurm-compute-own": {"runAsUser": 0}}
+
+
+def test_an_unknown_job_isolation_is_refused_naming_the_key() -> None:
+    out = helm("template", "slurm", str(CHARTS / "slurm"), "--set",
+               "slurmConfig.jobIsolation=strict", check=False)  # fmt: skip
+    assert out.returncode != 0
+    assert "/slurmConfig/jobIsolation" in out.stderr and "'cgroup', 'none'" in out.stderr
+
+
 def test_two_nodesets_with_one_name_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "values.yaml"
     path.write_text("compute:\n  nodesets:\n    - name: a\n    - name: a\n")

@@ -149,6 +149,25 @@ priorityClassName: {{ . }}
 {{- toJson $out }}
 {{- end }}
 
+{{- /*
+The slurmd container's securityContext (YAML; empty: none): the entry's, plus the capability
+SYS_ADMIN when jobs are isolated by cgroups (slurmd makes their cgroups below its own; the
+image's entrypoint remounts its cgroup writable). A privileged container has it already.
+*/ -}}
+{{- define "slurm.slurmdSecurityContext" -}}
+{{- $sc := deepCopy (default dict .nodeset.securityContext) }}
+{{- if and (eq .root.Values.slurmConfig.jobIsolation "cgroup") (not $sc.privileged) }}
+{{- $caps := deepCopy (default dict $sc.capabilities) }}
+{{- $add := default list $caps.add }}
+{{- if not (has "SYS_ADMIN" $add) }}
+{{- $add = append $add "SYS_ADMIN" }}
+{{- end }}
+{{- $_ := set $caps "add" $add }}
+{{- $_ := set $sc "capabilities" $caps }}
+{{- end }}
+{{- with $sc }}{{ toYaml . }}{{ end }}
+{{- end }}
+
 {{- /* Labels of a component's own object: the release's plus name and component. */ -}}
 {{- define "slurm.componentLabels" -}}
 app.kubernetes.io/name: slurm{{ .component }}
