@@ -164,6 +164,9 @@ E2E_RULE: JSON = {
 }
 
 
+TEST_CONDITION = "SlinkyTestProblem"
+
+
 def bridge_config(testbed: Testbed, managed: list[str], **overrides: Any) -> JSON:
     config: JSON = {
         "schedulerName": SCHEDULER,
@@ -173,6 +176,8 @@ def bridge_config(testbed: Testbed, managed: list[str], **overrides: Any) -> JSO
         "slurmAuth": {"jwtKeyFile": str(testbed.jwt_key_path), "user": "root"},
         "slurmPollInterval": "500ms",
         "policy": {"namespaces": dict.fromkeys(managed, E2E_RULE)},
+        # NotReady drains too (the default); this condition as Node Problem Detector's would.
+        "nodeHealth": {"conditions": [TEST_CONDITION]},
     }
     config.update(overrides)
     return config

@@ -1,13 +1,15 @@
 """The bridge's node controller against the real apiserver and real Slurm: EXTERNAL node
 registration, removal that waits for running placeholder jobs, the managed-node taint and
-cordon <-> drain."""
+node health (cordon, NotReady, a watched condition) <-> drain."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import time
 import uuid
+from typing import Any
 
 import pytest
 
@@ -21,7 +23,7 @@ from slinky.bridge.nodes.registration import owner_comment, registered_for
 from slinky.kube import rest
 from slinky.slurm.models import Node
 from slinky_testbed.waiting import wait_for
-from tests.e2e.bridge_fixtures import SCHEDULER, BridgeEnv, wait_slurm_node
+from tests.e2e.bridge_fixtures import SCHEDULER, TEST_CONDITION, BridgeEnv, wait_slurm_node
 
 pytestmark = pytest.mark.e2e
 
@@ -289,6 +291,48 @@ async def test_cordon_drains_and_uncordon_undrains(bridge: BridgeEnv) -> None:
     assert node is not None
     assert node.reason == f"slurm-bridge: Kubernetes node {name} is unschedulable (cordoned)"
     await env.kube.patch(rest.NODES, name, {"spec": {"unschedulable": False}})
+    await wait_slurm_node(
+        env, name, lambda n: n is not None and not n.state.is_drain, f"slurm node {name} undrained"
+    )
+
+
+async def set_condition(env: BridgeEnv, name: str, kind: str, status: str | None) -> None:
+    """Set (None: remove) a Node condition as a kubelet or Node Problem Detector would."""
+    cond: dict[str, Any] = {"type": kind}
+    if status is None:
+        cond["$patch"] = "delete"
+    else:
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        cond.update(
+            status=status, reason="TestSaysSo", message="set by the e2e test",
+            lastHeartbeatTime=now, lastTransitionTime=now,
+        )  # fmt: skip
+    patch = {"status": {"conditions": [cond]}}
+    await env.kube.patch(rest.NODES, name, patch, subresource="status", kind="strategic")
+
+
+@pytest.mark.parametrize(
+    ("kind", "bad", "good", "says"),
+    [
+        (TEST_CONDITION, "True", "False", f"{TEST_CONDITION} (TestSaysSo)"),
+        ("Ready", "False", "True", "NotReady (TestSaysSo)"),
+    ],
+)
+async def test_a_node_problem_drains_and_its_end_undrains(
+    bridge: BridgeEnv, kind: str, bad: str, good: str, says: str
+) -> None:
+    """A watched condition True (nodeHealth.conditions) or Ready False drains the Slurm node
+    the bridge registered for the Node, naming it; back to healthy, it is undrained."""
+    env = bridge
+    name = await env.create_node(labels=EXTERNAL)
+    await registered(env, name)
+    await set_condition(env, name, kind, bad)
+    node = await wait_slurm_node(
+        env, name, lambda n: n is not None and n.state.is_drain, f"slurm node {name} drained"
+    )
+    assert node is not None
+    assert node.reason == f"slurm-bridge: Kubernetes node {name} {says}"
+    await set_condition(env, name, kind, good)
     await wait_slurm_node(
         env, name, lambda n: n is not None and not n.state.is_drain, f"slurm node {name} undrained"
     )

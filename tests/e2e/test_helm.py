@@ -68,6 +68,7 @@ ADMISSION_POLICY_BINDINGS = rest.Resource(
 SLURM_NODENAME = "slinky.slurm.net/slurm-nodename"
 NODE_CONFIG = "CPUs=2 RealMemory=1000"
 HEALTH_MARKER = "/tmp/slinky-unhealthy"
+FAKE_GPUS = ("/dev/full", "/dev/random")
 HEALTH_CHECK = f"""#!/bin/sh
 if [ -e {HEALTH_MARKER} ]; then
   scontrol update nodename="$(hostname)" state=drain reason="health: marker file"
@@ -192,7 +193,14 @@ class Install:
         """The slurm chart's values for the test bed: slurmctld state on the test's hostPath
         PV, one NodeSet for batch jobs, one pinned to the bridge's node (its Slurm partition
         is the bridge's), and (`extra`) one more that an upgrade removes."""
-        extra_nodesets: list[JSON] = [{"name": "extra", "replicas": 1}] if extra else []
+        # `extra` has two GRES gpu whose device files are /dev/full and /dev/random (any
+        # character device the container has will do for the cgroup device controller).
+        extra_nodesets: list[JSON] = (
+            [{"name": "extra", "replicas": 1, "nodeConfig": f"{NODE_CONFIG} Gres=gpu:2"}]
+            if extra
+            else []
+        )
+        extra_nodes = f"{self.nodeset('extra')}-[0-9]"
         return {
             "image": {**image("slurm"), "pullPolicy": "IfNotPresent"},
             "operator": {
@@ -208,6 +216,11 @@ class Install:
                 "terminationGracePeriodSeconds": 10,
             },
             "cleanup": {"image": image("slinky")},
+            "slurmConfig": {
+                "gresConf": "".join(
+                    f"NodeName={extra_nodes} Name=gpu File={device}\n" for device in FAKE_GPUS
+                )
+            },
             "compute": {
                 # A site health check that drains its node while a marker file exists.
                 "healthCheck": {"script": HEALTH_CHECK, "interval": 5},
@@ -280,6 +293,14 @@ async def submit(install: Install, partition: str, seconds: int, *options: str) 
         f"sleep {seconds}",
     )
     return int(out.strip().split(";")[0])
+
+
+def host_cgroup2_controllers() -> list[str]:
+    """The controllers of the host's cgroup2 hierarchy (unified, or the hybrid layout's)."""
+    for path in ("/sys/fs/cgroup/cgroup.controllers", "/sys/fs/cgroup/unified/cgroup.controllers"):
+        with contextlib.suppress(OSError):
+            return Path(path).read_text().split()
+    return []
 
 
 async def submit_script(install: Install, node: str, name: str, script: str, *options: str) -> int:
@@ -569,6 +590,13 @@ async def test_helm_installs_operator_slurm_and_bridge_that_run_jobs_upgrade_and
     batch = f"{i.nodeset('batch')}-0"
     slurmd = (await kube.get(rest.PODS, batch, i.slurm_ns))["spec"]["containers"][0]
     assert slurmd["securityContext"] == {"capabilities": {"add": ["SYS_ADMIN"]}}
+    # CgroupPlugin=autodetect: cgroup/v2 needs the memory controller in the host's cgroup2
+    # hierarchy; on a host that binds every controller to v1 (this machine) it is cgroup/v1.
+    v2 = host_cgroup2_controllers()
+    slurmd_log = i.kubectl("-n", i.slurm_ns, "logs", batch, "-c", "slurmd")
+    on_v1 = "cgroup/v1 plugin is deprecated" in slurmd_log
+    assert on_v1 == ("memory" not in v2), (v2, slurmd_log[-3000:])
+    print(f"helm e2e: slurmd runs cgroup/{'v1' if on_v1 else 'v2'}; host cgroup2 controllers: {v2}")
     cpus = "nproc; grep Cpus_allowed_list /proc/self/status"
     # The neighbour runs until the test has seen the hog's end (a file it then makes).
     neighbour = await submit_script(
@@ -593,6 +621,26 @@ async def test_helm_installs_operator_slurm_and_bridge_that_run_jobs_upgrade_and
     assert "neighbour done" in neighbour_out, neighbour_out
     pod_status = (await kube.get(rest.PODS, batch, i.slurm_ns))["status"]
     assert pod_status["containerStatuses"][0]["restartCount"] == 0
+
+    # ------------------------------------------------ GRES devices confined per job
+    # ConstrainDevices: a job given one of the node's two gpus opens that device file only
+    # (and has CUDA_VISIBLE_DEVICES); a job given none opens neither.
+    probe = "; ".join(
+        f"if head -c1 {d} >/dev/null 2>&1; then echo {d} open; else echo {d} denied; fi"
+        for d in FAKE_GPUS
+    )
+    probe += '; echo "visible=${CUDA_VISIBLE_DEVICES:-}"'
+    one_gpu = await submit_script(i, extra, "one-gpu", probe, "--gres=gpu:1", "--mem=64")
+    no_gpu = await submit_script(i, extra, "no-gpu", probe, "--mem=64")
+    await completed(i, one_gpu)
+    await completed(i, no_gpu)
+    in_extra = ("-n", i.slurm_ns, "exec", extra, "-c", "slurmd", "--", "cat")
+    one_gpu_out = i.kubectl(*in_extra, "/tmp/one-gpu.out").split()
+    no_gpu_out = i.kubectl(*in_extra, "/tmp/no-gpu.out").split()
+    opened = [d for d in FAKE_GPUS if f"{d} open" in " ".join(one_gpu_out)]
+    assert len(opened) == 1, one_gpu_out
+    assert [w for w in one_gpu_out if w.startswith("visible=")] != ["visible="], one_gpu_out
+    assert all(f"{d} denied" in " ".join(no_gpu_out) for d in FAKE_GPUS), no_gpu_out
 
     # ------------------------------------------------ the webhook outlives one replica's end
     # Two replicas; one is deleted (as a drain or a rollout does) while pods keep being

@@ -98,6 +98,17 @@ def test_taint_can_be_switched_off_or_softened() -> None:
     assert soft.toleration()["effect"] == "NoSchedule"
 
 
+def test_node_health_drains_on_not_ready_by_default_and_on_the_conditions_named() -> None:
+    default = parse_config({}, environ={}).node_health
+    assert default.not_ready and not default.conditions
+    npd = parse_config(
+        {"nodeHealth": {"notReady": False, "conditions": ["KernelDeadlock", "example.com/Gpu"]}},
+        environ={},
+    ).node_health
+    assert not npd.not_ready
+    assert npd.conditions == frozenset({"KernelDeadlock", "example.com/Gpu"})
+
+
 @pytest.mark.parametrize(
     ("data", "key", "says"),
     [
@@ -124,6 +135,11 @@ def test_taint_can_be_switched_off_or_softened() -> None:
         ({"managedNodeTaint": {"effect": "NoRun"}}, "managedNodeTaint.effect", "NoExecute"),
         ({"managedNodeTaint": {"enabled": "yes"}}, "managedNodeTaint.enabled", "true or false"),
         ({"managedNodeTaint": {"enable": True}}, "managedNodeTaint.enable", "did you mean"),
+        ({"nodeHealth": {"notReady": "yes"}}, "nodeHealth.notReady", "true or false"),
+        ({"nodeHealth": {"conditions": "KernelDeadlock"}}, "nodeHealth.conditions", "list"),
+        ({"nodeHealth": {"conditions": ["a b"]}}, "nodeHealth.conditions[0]", "condition type"),
+        ({"nodeHealth": {"conditions": ["Ready"]}}, "nodeHealth.conditions[0]", "notReady"),
+        ({"nodeHealth": {"condition": []}}, "nodeHealth.condition", "did you mean"),
         ({"slurmAuth": {}}, "slurmAuth", "exactly one of tokenFile and jwtKeyFile"),
         ({"slurmAuth": {"tokenFile": "/nonexistent/t"}}, "slurmAuth.tokenFile", "no such file"),
         ({"slurmPollInterval": "2"}, "slurmPollInterval", "invalid duration"),

@@ -10,8 +10,10 @@ import pytest
 
 from slinky.bridge.config import NodeTaint
 from slinky.bridge.labels import EXTERNAL_NODE, EXTERNAL_NODE_PARTITIONS, SLURM_NODENAME
-from slinky.bridge.nodes import registration, slurmcontrol, taints
+from slinky.bridge.nodes import controller, registration, slurmcontrol, taints
 from slinky.bridge.nodes.registration import RegistrationProblem
+from slinky.kube import nodehealth
+from slinky.kube.nodehealth import NodeHealth
 from slinky.kube.quantity import parse_quantity
 from slinky.kube.selectors import SelectorError, parse_label_selector
 from slinky.slurm.models import Node, NodeState
@@ -223,3 +225,31 @@ def test_only_an_idle_undrained_unresponsive_node_is_made_anew(
 ) -> None:
     node = Node.parse({"name": "n1", "state": states})
     assert slurmcontrol.stuck_unresponsive(node) is stuck
+
+
+def _with_conditions(node: JSON, *conds: tuple[str, str, str, str]) -> JSON:
+    node["status"]["conditions"] = [
+        {"type": t, "status": s, "reason": r, "lastHeartbeatTime": hb} for t, s, r, hb in conds
+    ]
+    return node
+
+
+def test_a_condition_change_wakes_the_node_controller_and_a_heartbeat_does_not() -> None:
+    before = _with_conditions(knode(), ("Ready", "True", "KubeletReady", "t1"))
+    heartbeat = _with_conditions(knode(), ("Ready", "True", "KubeletReady", "t2"))
+    not_ready = _with_conditions(knode(), ("Ready", "Unknown", "NodeStatusUnknown", "t2"))
+    assert controller.relevant(before) == controller.relevant(heartbeat)
+    assert controller.relevant(before) != controller.relevant(not_ready)
+
+
+def test_the_bridge_drains_by_the_shared_node_health_rule() -> None:
+    health = NodeHealth(conditions=frozenset({"KernelDeadlock"}))
+    cordon = "Kubernetes node n1 is unschedulable (cordoned)"
+    sick = _with_conditions(knode(), ("KernelDeadlock", "True", "DockerHung", "t"))
+    assert nodehealth.problem(sick, health) == "Kubernetes node n1 KernelDeadlock (DockerHung)"
+    lost = _with_conditions(knode(), ("Ready", "Unknown", "", "t"))
+    assert nodehealth.problem(lost, health) == "Kubernetes node n1 NotReady (Unknown)"
+    assert nodehealth.problem(lost, NodeHealth(not_ready=False)) is None
+    cordoned = {**knode(), "spec": {"unschedulable": True}}
+    assert nodehealth.problem(cordoned, health, cordon_reason=cordon) == cordon
+    assert nodehealth.problem(knode(), health) is None

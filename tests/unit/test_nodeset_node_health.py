@@ -6,10 +6,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+from slinky.kube.nodehealth import NodeHealth
 from slinky.operator.nodeset import mirror
 from slinky.operator.nodeset.builder import ANNOTATION_CORDON, ANNOTATION_NODE_CORDON_REASON
 from slinky.operator.nodeset.controller import slim_node
-from slinky.operator.nodeset.view import NodeHealth
 
 NPD = NodeHealth(conditions=frozenset({"KernelDeadlock"}))
 

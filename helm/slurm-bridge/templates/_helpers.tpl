@@ -45,6 +45,7 @@ app.kubernetes.io/component: {{ .component }}
       "mcsLabel" $c.mcsLabel
       "partition" $c.partition
       "managedNodeTaint" $c.managedNodeTaint
+      "nodeHealth" $c.nodeHealth
       "slurmPollInterval" $c.slurmPollInterval
       "slurmIdlePollInterval" $c.slurmIdlePollInterval
       "immediateAllocation" $c.immediateAllocation }}

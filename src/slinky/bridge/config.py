@@ -13,6 +13,9 @@ slurmAuth:              # where the slurmrestd JWT comes from (one of the two fi
 managedNodeTaint:
   enabled: true         # taint nodes Slurm knows, so only bridge-scheduled pods land there
   effect: NoExecute     # or NoSchedule / PreferNoSchedule
+nodeHealth:             # besides a cordon, what drains a node's Slurm node (undone after)
+  notReady: true        # its Ready condition False or Unknown
+  conditions: [KernelDeadlock]  # Node condition types that drain while True (e.g. NPD's)
 slurmPollInterval: 2s   # how often Slurm nodes are asked for changes while pods wait
 slurmIdlePollInterval: 15s  # ... and while none waits (update_time deltas: one request)
 immediateAllocation: true  # ask Slurm to allocate at once when a node looks free
@@ -43,6 +46,7 @@ import yaml
 from slinky.bridge.labels import MANAGED_NODE_TAINT
 from slinky.bridge.policy import Policy, Rule, merged
 from slinky.kube import flags
+from slinky.kube.nodehealth import NodeHealth
 from slinky.kube.selectors import LabelSelector, SelectorError, parse_label_selector
 
 T = TypeVar("T")
@@ -102,6 +106,7 @@ class BridgeConfig:
     partition: str = DEFAULT_PARTITION
     slurm_auth: SlurmAuth | None = None
     managed_node_taint: NodeTaint = NodeTaint()
+    node_health: NodeHealth = NodeHealth()
     slurm_poll_interval: float = 2.0
     slurm_idle_poll_interval: float = 15.0
     immediate_allocation: bool = True
@@ -249,6 +254,35 @@ def _taint(value: Any, key: str) -> NodeTaint:
     return NodeTaint(**_mapping(value, key, _TAINT_KEYS))
 
 
+_CONDITION_TYPE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_./]*[A-Za-z0-9])?$")
+
+
+def _condition_types(value: Any, key: str) -> frozenset[str]:
+    if not isinstance(value, list):
+        raise ConfigError(key, f"must be a list of Node condition types, got {_show(value)}")
+    types = [
+        _string(v, f"{key}[{i}]", _CONDITION_TYPE, "a Node condition type")
+        for i, v in enumerate(value)
+    ]
+    for i, kind in enumerate(types):
+        if kind == "Ready":
+            raise ConfigError(f"{key}[{i}]", "Ready is notReady's: set nodeHealth.notReady")
+    return frozenset(types)
+
+
+_NODE_HEALTH_KEYS: dict[str, Callable[[Any, str], Any]] = {
+    "notReady": _bool,
+    "conditions": _condition_types,
+}
+
+
+def _node_health(value: Any, key: str) -> NodeHealth:
+    parts = _mapping(value, key, _NODE_HEALTH_KEYS)
+    return NodeHealth(
+        conditions=parts.get("conditions", frozenset()), not_ready=parts.get("notReady", True)
+    )
+
+
 def _names(value: Any, key: str, what: str) -> tuple[str, ...]:
     if not isinstance(value, list):
         raise ConfigError(key, f"must be a list of {what}s, got {_show(value)}")
@@ -340,6 +374,7 @@ _TOP: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "partition": ("partition", lambda v, k: _string(v, k, _SLURM_NAME, "a partition name")),
     "slurmAuth": ("slurm_auth", _slurm_auth),
     "managedNodeTaint": ("managed_node_taint", _taint),
+    "nodeHealth": ("node_health", _node_health),
     "slurmPollInterval": ("slurm_poll_interval", lambda v, k: _duration(v, k, 0.1)),
     "slurmIdlePollInterval": ("slurm_idle_poll_interval", lambda v, k: _duration(v, k, 0.1)),
     "immediateAllocation": ("immediate_allocation", _bool),
@@ -357,6 +392,7 @@ def all_keys() -> list[str]:
     keys = list(_TOP)
     keys += [f"slurmAuth.{k}" for k in _SLURM_AUTH_KEYS]
     keys += [f"managedNodeTaint.{k}" for k in _TAINT_KEYS]
+    keys += [f"nodeHealth.{k}" for k in _NODE_HEALTH_KEYS]
     keys += ["policy.default", "policy.namespaces", "policy.namespaces.<ns>.serviceAccounts"]
     keys += [f"policy.<rule>.{k}" for k in _RULE_KEYS]
     return keys

@@ -18,6 +18,7 @@ from slinky import __version__, process
 from slinky.kube import events, flags, rest
 from slinky.kube.controller import Controller, run_all
 from slinky.kube.informer import InformerFactory, InformerObjects
+from slinky.kube.nodehealth import NodeHealth
 from slinky.kube.store import BY_OWNER_UID
 from slinky.operator.autoscale import extapi
 from slinky.operator.autoscale.metrics import Gauges, ObjectGauges, SlurmMetrics
@@ -26,7 +27,7 @@ from slinky.operator.cluster import controller as cluster_controller
 from slinky.operator.cluster.sync import Options
 from slinky.operator.nodeset import controller as nodeset_controller
 from slinky.operator.nodeset import pods as pod_fields
-from slinky.operator.nodeset.view import NodeHealth, Placement
+from slinky.operator.nodeset.view import Placement
 from slinky.operator.resources import CLUSTERS, NODESETS
 
 log = logging.getLogger("slurm-operator")

@@ -1,7 +1,8 @@
 """What the node controller watches, and which events enqueue which Node.
 
 - Kubernetes Nodes: their own name, when something the controller acts on changed (labels,
-  the partitions annotation, cordon, taints, allocatable, addresses), not on heartbeats.
+  the partitions annotation, cordon, taints, allocatable, addresses, a condition's status
+  or reason), not on heartbeats.
 - Slurm nodes (the Slurm informer's deltas): Slurm node `X` enqueues the Kubernetes nodes
   whose Slurm name is `X` (index on the slurm-nodename label, else the name), and, when the
   bridge registered `X`, the Kubernetes node named in its comment, even when that Node no
@@ -19,7 +20,7 @@ from slinky.bridge.connection import SlurmConnection
 from slinky.bridge.labels import EXTERNAL_NODE, EXTERNAL_NODE_PARTITIONS, SLURM_NODENAME
 from slinky.bridge.nodes import registration
 from slinky.bridge.nodes.sync import NodeSync
-from slinky.kube import events, rest
+from slinky.kube import events, nodehealth, rest
 from slinky.kube.controller import Controller
 from slinky.kube.informer import InformerFactory
 from slinky.kube.store import key_of
@@ -49,6 +50,7 @@ def relevant(node: JSON) -> tuple[Any, ...]:
         spec.get("taints"),
         status.get("allocatable"),
         status.get("addresses"),
+        nodehealth.conditions_of(node),
     )
 
 

@@ -9,8 +9,10 @@
                         registering again; label removed: drain, then delete once idle;
                         an idle node Slurm left NOT_RESPONDING is made anew (`remake`);
 3. `sync_taint`       — the managed-node taint on exactly the nodes Slurm knows;
-4. `sync_cordon`      — a cordoned node drains its Slurm node (reason `slurm-bridge: ...`);
-                        uncordoning undrains only drains the bridge made.
+4. `sync_health`      — a cordoned node, a NotReady one or one with a condition of
+                        `nodeHealth` True drains its Slurm node (reason `slurm-bridge: ...`,
+                        the rule of `slinky.kube.nodehealth`); healthy again undrains only
+                        drains the bridge made.
 
 Managed means "Slurm knows the node", read from the Slurm informer's cache: a node Slurm does
 not know and that is not labelled costs no Slurm request at all.
@@ -26,7 +28,7 @@ from slinky.bridge.connection import SlurmConnection
 from slinky.bridge.labels import REASON_PREFIX
 from slinky.bridge.nodes import registration, slurmcontrol, taints
 from slinky.bridge.nodes.registration import Registration, RegistrationProblem
-from slinky.kube import events, rest
+from slinky.kube import events, nodehealth, rest
 from slinky.kube.controller import DONE, Result
 from slinky.kube.informer import Informer
 from slinky.slurm.models import Node
@@ -82,7 +84,7 @@ class NodeSync:
             return result
         slurm_node = slurmcontrol.cached(self.slurm, registration.slurm_name(node))
         if slurm_node is not None:
-            await self.sync_cordon(node, slurm_node)
+            await self.sync_health(node, slurm_node)
         return await self.sync_taint(node, managed=slurm_node is not None)
 
     # ------------------------------------------------------------ 1. deleted Nodes
@@ -257,14 +259,26 @@ class NodeSync:
         log.info("node %s: managed-node taint %s", meta["name"], "set" if managed else "removed")
         return DONE
 
-    # ------------------------------------------------------------ 4. cordon <-> drain
+    # ------------------------------------------------------------ 4. node health <-> drain
 
-    async def sync_cordon(self, node: JSON, slurm_node: Node) -> None:
-        """Cordoned: drain the Slurm node; uncordoned: undo a drain the bridge made."""
+    async def sync_health(self, node: JSON, slurm_node: Node) -> None:
+        """A problem (cordon, NotReady, a watched condition): drain the Slurm node; none:
+        undo a drain the bridge made."""
         name = str(node["metadata"]["name"])
-        if (node.get("spec") or {}).get("unschedulable"):
-            reason = f"{REASON_PREFIX}Kubernetes node {name} is unschedulable (cordoned)"
+        problem = nodehealth.problem(
+            node,
+            self.config.node_health,
+            cordon_reason=f"Kubernetes node {name} is unschedulable (cordoned)",
+        )
+        if problem:
+            reason = f"{REASON_PREFIX}{problem}"
             if await slurmcontrol.drain(self.slurm, slurm_node.name, reason):
                 log.info("slurm node %s: drained: %s", slurm_node.name, reason)
+                self.recorder.event(
+                    node, events.NORMAL, "SlurmNodeDrained", f"{slurm_node.name}: {problem}"
+                )
         elif await slurmcontrol.undrain(self.slurm, slurm_node.name):
-            log.info("slurm node %s: undrained (node %s uncordoned)", slurm_node.name, name)
+            log.info("slurm node %s: undrained (node %s healthy)", slurm_node.name, name)
+            self.recorder.event(
+                node, events.NORMAL, "SlurmNodeUndrained", f"{slurm_node.name}: node healthy"
+            )

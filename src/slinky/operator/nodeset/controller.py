@@ -25,13 +25,14 @@ from slinky.kube import events, rest
 from slinky.kube.controller import Controller, beyond_status, owner_mapper
 from slinky.kube.expectations import Expectations
 from slinky.kube.informer import Handler, InformerFactory
+from slinky.kube.nodehealth import NodeHealth
 from slinky.kube.store import BY_NODE_NAME, index_node_name, key_of
 from slinky.operator.clients import ClusterClients
 from slinky.operator.nodeset import builder
 from slinky.operator.nodeset import pods as pod_fields
 from slinky.operator.nodeset.placement import ANNOTATION_TOPOLOGY_SPEC as TOPOLOGY_SPEC
 from slinky.operator.nodeset.sync import BY_HPA_TARGET, NodeSetSync, hpa_target
-from slinky.operator.nodeset.view import NodeHealth, Placement
+from slinky.operator.nodeset.view import Placement
 from slinky.operator.resources import CLUSTERS, NODESETS
 from slinky.slurm.informer import SlurmEvent
 from slinky.types import JSON

@@ -22,7 +22,8 @@ import functools
 import logging
 from collections.abc import Awaitable, Callable
 
-from slinky.kube import conditions, events
+from slinky.kube import conditions, events, nodehealth
+from slinky.kube.nodehealth import NodeHealth
 from slinky.operator.clients import Connection
 from slinky.operator.nodeset import pods, scalein, slurmcontrol
 from slinky.operator.nodeset.builder import (
@@ -32,7 +33,7 @@ from slinky.operator.nodeset.builder import (
     REASON_PREFIX,
     slurm_comment,
 )
-from slinky.operator.nodeset.view import Context, NodeHealth, View, belongs_to
+from slinky.operator.nodeset.view import Context, View, belongs_to
 from slinky.slurm.errors import SlurmError
 from slinky.slurm.models import Node
 from slinky.types import JSON
@@ -297,19 +298,10 @@ def cordon_reason(ctx: Context, pod: JSON) -> str | None:
 
 
 def node_problem(node: JSON, health: NodeHealth) -> str | None:
-    """Why a Kubernetes node should run no new Slurm job, or None: cordoned (with its
-    `node-cordon-reason` annotation when set), NotReady, or a watched condition True."""
-    name = node["metadata"]["name"]
-    if (node.get("spec") or {}).get("unschedulable"):
-        why = (node["metadata"].get("annotations") or {}).get(ANNOTATION_NODE_CORDON_REASON)
-        return str(why or f"Kubernetes node {name} cordoned")
-    for cond in (node.get("status") or {}).get("conditions") or []:
-        kind, status, reason = cond.get("type"), cond.get("status"), cond.get("reason")
-        if kind == "Ready" and health.not_ready and status != "True":
-            return f"Kubernetes node {name} NotReady ({reason or status})"
-        if kind in health.conditions and status == "True":
-            return f"Kubernetes node {name} {kind}" + (f" ({reason})" if reason else "")
-    return None
+    """Why a Kubernetes node should run no new Slurm job, or None: the shared rule of
+    `slinky.kube.nodehealth`, a cordon worded by the `node-cordon-reason` annotation."""
+    why = (node["metadata"].get("annotations") or {}).get(ANNOTATION_NODE_CORDON_REASON)
+    return nodehealth.problem(node, health, cordon_reason=str(why) if why else None)
 
 
 async def sync_cordon(ctx: Context, view: View) -> None:

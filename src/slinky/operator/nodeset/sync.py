@@ -40,6 +40,7 @@ from slinky.kube import conditions, events, objects, rest
 from slinky.kube.controller import DONE, Result
 from slinky.kube.expectations import Expectations
 from slinky.kube.informer import Informer, MultiInformer
+from slinky.kube.nodehealth import NodeHealth
 from slinky.kube.store import BY_OWNER_UID
 from slinky.operator.clients import ClusterClients, Connection
 from slinky.operator.nodeset import (
@@ -53,7 +54,7 @@ from slinky.operator.nodeset import (
     update,
 )
 from slinky.operator.nodeset.podcontrol import PodControl
-from slinky.operator.nodeset.view import Context, NodeHealth, Placement, View, belongs_to
+from slinky.operator.nodeset.view import Context, Placement, View, belongs_to
 from slinky.operator.resources import FINALIZER, NODESETS
 from slinky.slurm import errors
 from slinky.slurm.models import expand_hostlist

@@ -16,22 +16,12 @@ from slinky.api.v1alpha1.nodeset import NodeSetSpec
 from slinky.kube import events, rest
 from slinky.kube.expectations import Expectations
 from slinky.kube.informer import Informer
+from slinky.kube.nodehealth import NodeHealth
 from slinky.operator.clients import Connection
 from slinky.operator.nodeset import builder, pods
 from slinky.operator.nodeset.podcontrol import PodControl
 from slinky.slurm.models import Node
 from slinky.types import JSON
-
-
-@dataclass(frozen=True)
-class NodeHealth:
-    """Which states of a Kubernetes Node drain the Slurm nodes of the pods on it
-    (`mirror.node_problem`): cordoned, always; NotReady (its Ready condition False or
-    Unknown) unless `not_ready` is off; each condition type in `conditions` while True (the
-    convention of Node Problem Detector's conditions, e.g. KernelDeadlock)."""
-
-    conditions: frozenset[str] = frozenset()
-    not_ready: bool = True
 
 
 @dataclass(frozen=True)
