@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from slinky.bridge import uninstall
-from slinky.bridge.labels import FINALIZER, MANAGED_NODE_TAINT
+from slinky.bridge.labels import FINALIZER, MANAGED_NODE_TAINT, SLURM_JOBID
 from slinky.kube import rest
 
 JSON = dict[str, Any]
@@ -60,3 +60,49 @@ async def test_run_patches_tainted_nodes_and_held_pods_only() -> None:
         {"op": "test", "path": "/metadata/finalizers/1", "value": FINALIZER},
         {"op": "remove", "path": "/metadata/finalizers/1"},
     ]
+
+
+def _pod(name: str, phase: str, scheduler: str = "s1", finalizer: bool = True) -> JSON:
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "labels": {SLURM_JOBID: "7"},
+            "finalizers": [FINALIZER] if finalizer else [],
+        },
+        "spec": {"schedulerName": scheduler},
+        "status": {"phase": phase},
+    }
+
+
+class SettlingKube(FakeKube):
+    """The running bridge takes the finalizer off pod `done` after two lists."""
+
+    def __init__(self, pods: list[JSON]) -> None:
+        super().__init__([], pods)
+        self.lists = 0
+
+    async def list(self, res: rest.Resource, *_a: Any, **_k: Any) -> JSON:
+        self.lists += 1
+        if self.lists == 3:
+            for pod in self.items[rest.PODS.plural]:
+                if pod["metadata"]["name"] == "done":
+                    pod["metadata"]["finalizers"] = []
+        return await super().list(res)
+
+
+async def test_uninstall_waits_for_the_bridge_to_settle_finished_pods() -> None:
+    pods = [
+        _pod("done", "Succeeded"),
+        _pod("running", "Running"),  # left in place: its job ends with it
+        _pod("other", "Failed", scheduler="s2"),  # another bridge's
+    ]
+    kube = SettlingKube(pods)
+    left = await uninstall.settle_finished_pods(kube, "s1", timeout=5, interval=0)  # type: ignore[arg-type]
+    assert left == [] and kube.lists == 3
+
+
+async def test_an_unsettled_finished_pod_is_named_with_its_job_at_the_deadline() -> None:
+    kube = FakeKube([], [_pod("stuck", "Failed")])
+    left = await uninstall.settle_finished_pods(kube, "s1", timeout=0, interval=0)  # type: ignore[arg-type]
+    assert left == ["ns/stuck (job 7)"]

@@ -1,5 +1,8 @@
-"""What `helm uninstall` of the bridge runs first (a pre-delete hook Job). The bridge's
-scheduler and controllers are stopped first (their Deployments deleted, their pods waited
+"""What `helm uninstall` of the bridge runs first (a pre-delete hook Job). Finished pods the
+running bridge has not settled yet (cancelled their placeholder jobs, then taken its
+finalizer off) are waited for, a minute at most: stopped a moment after a pod ended, the
+bridge would leave that pod's job RUNNING in Slurm with no end, holding its node. The
+bridge's scheduler and controllers are stopped next (their Deployments deleted, their pods waited
 for: a running node controller would taint the nodes again), then the marks the bridge put
 on objects Helm does not own are taken off, so nothing of the bridge is left behind where it
 would get in the way:
@@ -25,8 +28,8 @@ import asyncio
 import sys
 import time
 
-from slinky.bridge.labels import FINALIZER, MANAGED_NODE_TAINT
-from slinky.kube import rest
+from slinky.bridge.labels import FINALIZER, MANAGED_NODE_TAINT, SLURM_JOBID
+from slinky.kube import flags, rest
 from slinky.types import JSON
 
 
@@ -91,6 +94,43 @@ async def release_pods(kube: rest.Kube, scheduler_name: str) -> list[str]:
     return done
 
 
+def unsettled(pod: JSON, scheduler_name: str) -> bool:
+    """A finished pod of this bridge whose placeholder job the bridge has not cancelled yet
+    (it takes its finalizer off after the cancel)."""
+    return (
+        FINALIZER in (pod["metadata"].get("finalizers") or [])
+        and (pod.get("spec") or {}).get("schedulerName") == scheduler_name
+        and (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+    )
+
+
+async def settle_finished_pods(
+    kube: rest.Kube, scheduler_name: str, *, timeout: float = 60.0, interval: float = 0.5
+) -> list[str]:
+    """Wait until the running bridge has settled every finished pod of its own; those still
+    unsettled at the deadline, as `namespace/name (job N)`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [p for p in (await kube.list(rest.PODS))["items"] if unsettled(p, scheduler_name)]
+        if not left or time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(interval)
+    out = []
+    for pod in left:
+        meta = pod["metadata"]
+        job = (meta.get("labels") or {}).get(SLURM_JOBID, "?")
+        out.append(f"{meta['namespace']}/{meta['name']} (job {job})")
+    if out:
+        print(
+            f"finished pods the bridge did not settle within {timeout:.0f}s (their placeholder "
+            "jobs may still run: scancel them): " + ", ".join(out),
+            flush=True,
+        )
+    else:
+        print("every finished bridge pod settled (its placeholder job cancelled)", flush=True)
+    return out
+
+
 async def stop_bridge(
     kube: rest.Kube,
     namespace: str,
@@ -148,6 +188,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--namespace", default="", help="namespace of the bridge's Deployments")
     p.add_argument("--deployments", default="", help="comma-separated Deployments to stop")
     p.add_argument("--pods-selector", default="", help="label selector of their pods")
+    p.add_argument(
+        "--settle-timeout",
+        default="60s",
+        type=flags.parse_duration,
+        help="how long to wait for the running bridge to cancel the placeholder jobs of pods "
+        "that already finished (Go duration)",
+    )
     p.add_argument("--kubeconfig", default=None)
     args = p.parse_args(argv)
     deployments = [d for d in args.deployments.split(",") if d]
@@ -160,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         try:
             if deployments:
+                await settle_finished_pods(kube, args.scheduler_name, timeout=args.settle_timeout)
                 await stop_bridge(kube, args.namespace, deployments, args.pods_selector)
             await run(kube, args.scheduler_name)
         finally:
