@@ -490,6 +490,10 @@ class Testbed:
                 "--horizontal-pod-autoscaler-sync-period=2s",
                 f"--feature-gates={FEATURE_GATES}",
                 "--node-monitor-grace-period=60s",
+                # A Node object made by a test without a kubelet never posts a status: it
+                # would turn NotReady (NodeStatusNeverUpdated) after the default minute, and
+                # NotReady drains Slurm nodes. Nodes that did post one keep the minute above.
+                "--node-startup-grace-period=24h",
                 "--v=1",
             ],
         )

@@ -1179,3 +1179,11 @@ def test_the_bridge_pods_get_a_pod_monitor_on_request() -> None:
     for deployment in kinds(objs, "Deployment"):
         labels = deployment["spec"]["template"]["metadata"]["labels"]
         assert selector.items() <= labels.items(), deployment["metadata"]["name"]
+
+
+def test_cgroup_isolation_with_cgroups_disabled_is_refused_naming_both_keys() -> None:
+    out = helm("template", "slurm", str(CHARTS / "slurm"), "--set-string",
+               "slurmConfig.cgroupConf=CgroupPlugin=disabled", check=False)  # fmt: skip
+    assert out.returncode != 0
+    assert "slurmConfig.cgroupConf: CgroupPlugin=disabled" in out.stderr
+    assert "jobIsolation" in out.stderr

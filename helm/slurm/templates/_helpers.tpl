@@ -159,7 +159,7 @@ image's entrypoint remounts its cgroup writable). A privileged container has it 
 {{- if and (eq .root.Values.slurmConfig.jobIsolation "cgroup") (not $sc.privileged) }}
 {{- $caps := deepCopy (default dict $sc.capabilities) }}
 {{- $add := default list $caps.add }}
-{{- if not (has "SYS_ADMIN" $add) }}
+{{- if not (or (has "SYS_ADMIN" $add) (has "CAP_SYS_ADMIN" $add)) }}
 {{- $add = append $add "SYS_ADMIN" }}
 {{- end }}
 {{- $_ := set $caps "add" $add }}

@@ -70,9 +70,11 @@ async def untaint_nodes(kube: rest.Kube, scheduler_name: str) -> list[str]:
 
 async def release_pods(kube: rest.Kube, scheduler_name: str) -> list[str]:
     """Take the bridge's finalizer off the pods of this bridge (their schedulerName: another
-    bridge's pods keep theirs); their keys."""
+    bridge's pods keep theirs); their keys. A finished pod among them (it ended after the
+    settling wait) is printed with its job: nothing cancels that job now."""
     done = []
-    for pod in (await kube.list(rest.PODS))["items"]:
+    params = {"fieldSelector": f"spec.schedulerName={scheduler_name}"}
+    for pod in (await kube.list(rest.PODS, params=params))["items"]:
         meta = pod["metadata"]
         finalizers = list(meta.get("finalizers") or [])
         if FINALIZER not in finalizers:
@@ -91,6 +93,8 @@ async def release_pods(kube: rest.Kube, scheduler_name: str) -> list[str]:
                 continue
             raise
         done.append(f"{meta['namespace']}/{meta['name']}")
+        if unsettled(pod, scheduler_name):
+            print(f"finished pod {with_job(pod)} was not settled: scancel its job", flush=True)
     return done
 
 
@@ -104,22 +108,26 @@ def unsettled(pod: JSON, scheduler_name: str) -> bool:
     )
 
 
+def with_job(pod: JSON) -> str:
+    meta = pod["metadata"]
+    job = (meta.get("labels") or {}).get(SLURM_JOBID, "?")
+    return f"{meta['namespace']}/{meta['name']} (job {job})"
+
+
 async def settle_finished_pods(
-    kube: rest.Kube, scheduler_name: str, *, timeout: float = 60.0, interval: float = 0.5
+    kube: rest.Kube, scheduler_name: str, *, timeout: float = 60.0, interval: float = 1.0
 ) -> list[str]:
     """Wait until the running bridge has settled every finished pod of its own; those still
     unsettled at the deadline, as `namespace/name (job N)`."""
     deadline = time.monotonic() + timeout
+    params = {"fieldSelector": f"spec.schedulerName={scheduler_name}"}
     while True:
-        left = [p for p in (await kube.list(rest.PODS))["items"] if unsettled(p, scheduler_name)]
+        pods = (await kube.list(rest.PODS, params=params))["items"]
+        left = [p for p in pods if unsettled(p, scheduler_name)]
         if not left or time.monotonic() >= deadline:
             break
         await asyncio.sleep(interval)
-    out = []
-    for pod in left:
-        meta = pod["metadata"]
-        job = (meta.get("labels") or {}).get(SLURM_JOBID, "?")
-        out.append(f"{meta['namespace']}/{meta['name']} (job {job})")
+    out = [with_job(p) for p in left]
     if out:
         print(
             f"finished pods the bridge did not settle within {timeout:.0f}s (their placeholder "

@@ -9,10 +9,12 @@
                         registering again; label removed: drain, then delete once idle;
                         an idle node Slurm left NOT_RESPONDING is made anew (`remake`);
 3. `sync_taint`       — the managed-node taint on exactly the nodes Slurm knows;
-4. `sync_health`      — a cordoned node, a NotReady one or one with a condition of
-                        `nodeHealth` True drains its Slurm node (reason `slurm-bridge: ...`,
-                        the rule of `slinky.kube.nodehealth`); healthy again undrains only
-                        drains the bridge made.
+4. `sync_health`      — a cordoned node drains its Slurm node (reason `slurm-bridge: ...`),
+                        and so does a NotReady one or one with a condition of `nodeHealth`
+                        True when the bridge registered that Slurm node (the rule of
+                        `slinky.kube.nodehealth`; a NodeSet pod's node is the operator's to
+                        drain by its own flags); healthy again undrains only drains the
+                        bridge made.
 
 Managed means "Slurm knows the node", read from the Slurm informer's cache: a node Slurm does
 not know and that is not labelled costs no Slurm request at all.
@@ -36,6 +38,8 @@ from slinky.types import JSON
 
 log = logging.getLogger(__name__)
 
+# What drains a Slurm node the bridge did not register (a real slurmd's, a NodeSet pod's).
+CORDON_ONLY = nodehealth.NodeHealth(not_ready=False)
 # How often a drained-but-busy Slurm node is looked at again (job ends also trigger it,
 # through the Slurm informer; this is the backstop).
 DRAIN_RECHECK_S = 10.0
@@ -84,7 +88,8 @@ class NodeSync:
             return result
         slurm_node = slurmcontrol.cached(self.slurm, registration.slurm_name(node))
         if slurm_node is not None:
-            await self.sync_health(node, slurm_node)
+            ours = registration.registered_for(slurm_node, self.config.cluster_id) == key
+            await self.sync_health(node, slurm_node, registered=ours)
         return await self.sync_taint(node, managed=slurm_node is not None)
 
     # ------------------------------------------------------------ 1. deleted Nodes
@@ -261,13 +266,13 @@ class NodeSync:
 
     # ------------------------------------------------------------ 4. node health <-> drain
 
-    async def sync_health(self, node: JSON, slurm_node: Node) -> None:
-        """A problem (cordon, NotReady, a watched condition): drain the Slurm node; none:
-        undo a drain the bridge made."""
+    async def sync_health(self, node: JSON, slurm_node: Node, *, registered: bool) -> None:
+        """A problem (a cordon; NotReady or a watched condition on a node the bridge
+        registered): drain the Slurm node; none: undo a drain the bridge made."""
         name = str(node["metadata"]["name"])
         problem = nodehealth.problem(
             node,
-            self.config.node_health,
+            self.config.node_health if registered else CORDON_ONLY,
             cordon_reason=f"Kubernetes node {name} is unschedulable (cordoned)",
         )
         if problem:
