@@ -119,13 +119,17 @@ class CountingProxy:
 # ---------------------------------------------------------------- the bridge process
 
 
-def start_bridge(bed: Testbed, slurm_url: str, work: Path) -> tuple[subprocess.Popen[bytes], int]:
+def start_bridge(
+    bed: Testbed, slurm_url: str, work: Path, namespace: str = NS, **extra: Any
+) -> tuple[subprocess.Popen[bytes], int]:
+    """The bridge as its own process (config keys in `extra` added to the bench's)."""
     config = {
         "schedulerName": SCHEDULER,
         "slurmRestApi": slurm_url,
-        "managedNamespaces": [NS],
+        "managedNamespaces": [namespace],
         "partition": PARTITION,
         "slurmAuth": {"jwtKeyFile": str(bed.jwt_key_path), "user": "root"},
+        **extra,
     }
     (work / "config.yaml").write_text(yaml.safe_dump(config))
     mport, pport = procs.free_ports(2)
@@ -141,6 +145,7 @@ def start_bridge(bed: Testbed, slurm_url: str, work: Path) -> tuple[subprocess.P
         f"--health-probe-bind-address=127.0.0.1:{pport}",
         # One replica: no Lease to lose while a loaded machine answers slowly.
         "--leader-elect=false",
+        f"--log-level={os.environ.get('BENCH_BRIDGE_LOG_LEVEL', 'info')}",
     ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     with (work / "bridge.log").open("ab") as log:

@@ -4,9 +4,14 @@ jobs again at once when a Slurm node changed."""
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 from typing import Any
 
-from slinky.bridge.jobwatch import FAST_READS, FIRST_READ_S, JobWatch
+import pytest
+
+from slinky.bridge import jobwatch
+from slinky.bridge.jobwatch import FAST_READS, FIRST_READ_S, JobWatch, pass_looks
 from slinky.slurm import errors
 from slinky.slurm.models import Job
 
@@ -336,5 +341,44 @@ async def test_a_node_list_change_looks_at_every_tracked_job_in_one_request() ->
         await until(lambda: changed.count(2) == 2)
         assert len(slurm.state_requests) - requests == 1
         assert slurm.reads[reads:] == [2]
+    finally:
+        await watch.stop()
+
+
+def test_the_looks_after_slurms_passes_fall_just_after_the_next_whole_seconds() -> None:
+    assert pass_looks(100.0, 1_000.25) == [100.78, 101.78]
+    assert pass_looks(5.0, 7.0) == [5.03, 6.03]  # on a whole second: that pass is now
+
+
+async def test_an_allocation_at_slurms_next_pass_is_seen_just_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pending job allocated by the pass 0.8 s after a node event (slurmctld's next whole
+    second) is seen within a moment of it; the doubling looks alone (0.75 s, then 1.55 s)
+    saw it 0.75 s late (a hand-over bench run)."""
+    start = time.time()
+    frac = 0.2  # the node event comes 0.8 s before slurmctld's next whole second
+    monkeypatch.setattr(
+        jobwatch.time, "time", lambda: math.floor(start) + frac + (time.monotonic() - t0)
+    )
+    slurm = FakeSlurm()
+    slurm.set(1, "PENDING")
+    seen: list[float] = []
+    t0 = time.monotonic()
+    watch = JobWatch(  # type: ignore[arg-type]
+        slurm, on_change=lambda _: seen.append(time.monotonic()), max_interval=10.0
+    )
+    watch.start()
+    try:
+        watch.track(1)
+        await until(lambda: 1 in watch.jobs)
+        await asyncio.sleep(2.2)  # past the first fast reads and the event gap
+        seen.clear()
+        t0 = time.monotonic()  # the wall clock reads .2 now
+        watch.node_changed("n1")
+        await asyncio.sleep(0.8)  # Slurm's pass, at the whole second
+        slurm.set(1, "RUNNING", "n1")
+        await until(lambda: bool(seen), 3.0)
+        assert seen[0] - t0 < 0.95, seen[0] - t0
     finally:
         await watch.stop()

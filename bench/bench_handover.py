@@ -1,0 +1,267 @@
+"""slurm-bridge hand-over on real nodes: N short pods, each given a whole node by Slurm
+(exclusive, the default), run one after another; how long a node stands idle between one
+pod's end and the next pod's start, and where those seconds go.
+
+What is real: the bench test bed's real nodes (kubelet, containerd, runc), its apiserver,
+slurmctld and slurmrestd, and the bridge as its own process (nodes, scheduler and workload
+components). Two of the real nodes are labelled as the bridge's EXTERNAL nodes, without the
+managed-node taint (it would evict the test bed's own pods there). Each pod runs
+`sleep 5` and prints the time at its start and end (date +%s.%N, the same clock as the
+bench: one machine).
+
+Each hand-over on a node (pod A ends, pod B starts) is split into:
+- report: A's container ended -> the bench's watch sees A Succeeded (the kubelet's status
+  report);
+- bridge: A Succeeded seen -> B seen bound (the bridge cancels A's job and nudges Slurm,
+  Slurm allocates B's job, the bridge sees it and binds B);
+- start: B bound -> B's container started (the kubelet: sandbox, container).
+
+Baseline, the same run: the ideal time (pods x 5 s / nodes, no gap) and the 5 s the pods
+themselves measured. Run: `python -m bench.bench_handover` (in `make bench`). Env:
+BENCH_HANDOVER_RUNS (default "10x1,20x2": pods x nodes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.bench_bridge import OWN_NS, SCHEDULER, start_bridge, until
+from bench.common import bench_testbed, pct
+from slinky.bridge.labels import EXTERNAL_NODE
+from slinky.kube import rest
+from slinky.kube.informer import Handler, InformerFactory
+from slinky.slurm.client import SlurmClient
+from slinky.slurm.tokens import MintedToken
+from slinky_testbed import nodes, paths
+
+JSON = dict[str, Any]
+NS = "bench-handover"
+PARTITION = "slurm-bridge"
+SLEEP_S = 5
+RUNS = [
+    tuple(int(x) for x in r.split("x"))
+    for r in os.environ.get("BENCH_HANDOVER_RUNS", "10x1,20x2").split(",")
+]
+
+
+@dataclass
+class Seen:
+    """When the bench's watch first saw each pod bound and Succeeded (wall clock)."""
+
+    bound: dict[str, float] = field(default_factory=dict)
+    succeeded: dict[str, float] = field(default_factory=dict)
+    node: dict[str, str] = field(default_factory=dict)
+
+    def on(self, pod: JSON) -> None:
+        name = pod["metadata"]["name"]
+        node = pod["spec"].get("nodeName")
+        if node and name not in self.bound:
+            self.bound[name] = time.time()
+            self.node[name] = node
+        if (pod.get("status") or {}).get("phase") == "Succeeded" and name not in self.succeeded:
+            self.succeeded[name] = time.time()
+
+
+def handover_pod(name: str, run: str, node_names: list[str]) -> JSON:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"bench-run": run}},
+        "spec": {
+            "schedulerName": SCHEDULER,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {
+                                        "key": "kubernetes.io/hostname",
+                                        "operator": "In",
+                                        "values": node_names,
+                                    }
+                                ]
+                            }
+                        ]
+                    }
+                }
+            },
+            "containers": [
+                {
+                    "name": "c",
+                    "image": nodes.image_ref("slurm"),
+                    "imagePullPolicy": "IfNotPresent",
+                    "command": ["sh", "-c", f"date +%s.%N; sleep {SLEEP_S}; date +%s.%N"],
+                    "resources": {"requests": {"cpu": "100m", "memory": "16Mi"}},
+                }
+            ],
+        },
+    }
+
+
+async def register(kube: rest.Kube, slurm: SlurmClient, names: list[str]) -> None:
+    for name in names:
+        await kube.patch(rest.NODES, name, {"metadata": {"labels": {EXTERNAL_NODE: "true"}}})
+
+    async def registered() -> bool:
+        got, _ = await slurm.list_nodes()
+        return all(
+            any(n.name == name and PARTITION in n.partitions and n.state.is_idle for n in got or [])
+            for name in names
+        )
+
+    await until(registered, f"{names} registered in Slurm, idle", 180)
+
+
+async def release(kube: rest.Kube, slurm: SlurmClient, names: list[str]) -> None:
+    for name in names:
+        with contextlib.suppress(rest.ApiError):
+            await kube.patch(rest.NODES, name, {"metadata": {"labels": {EXTERNAL_NODE: None}}})
+
+    async def gone() -> bool:
+        got, _ = await slurm.list_nodes()
+        return not set(names) & {n.name for n in got or []}
+
+    with contextlib.suppress(SystemExit):
+        await until(gone, "nodes released by the bridge", 120)
+
+
+@dataclass
+class Result:
+    pods: int
+    nodes: int
+    makespan: float  # first container start -> last container end
+    gaps: list[float]  # per hand-over: B start - A end
+    report: list[float]
+    bridge: list[float]
+    start: list[float]
+    runtimes: list[float]
+
+
+async def one_run(
+    kube: rest.Kube, bed_dir: Any, seen: Seen, n_pods: int, node_names: list[str]
+) -> Result:
+    run = uuid.uuid4().hex[:6]
+    names = [f"h{run}-{i:02d}" for i in range(n_pods)]
+    for name in names:  # one after another: Slurm's order (job ids) is the creation order
+        await kube.create(rest.PODS, handover_pod(name, run, node_names), NS)
+
+    async def all_done() -> bool:
+        return all(n in seen.succeeded for n in names)
+
+    await until(all_done, f"{n_pods} pods Succeeded", 60 + n_pods * (SLEEP_S + 30))
+    times: dict[str, tuple[float, float]] = {}
+    for name in names:
+        out = await asyncio.to_thread(
+            subprocess.run,
+            [str(paths.bin_dir() / "kubectl"), f"--kubeconfig={bed_dir / 'kubeconfig'}",
+             "-n", NS, "logs", name],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        start, end = (float(x) for x in out.stdout.split()[:2])
+        times[name] = (start, end)
+    gaps, report, bridge, start_lat = [], [], [], []
+    for node in node_names:
+        on = sorted((n for n in names if seen.node.get(n) == node), key=lambda n: times[n][0])
+        for a, b in itertools.pairwise(on):
+            gaps.append(times[b][0] - times[a][1])
+            report.append(seen.succeeded[a] - times[a][1])
+            bridge.append(seen.bound[b] - seen.succeeded[a])
+            start_lat.append(times[b][0] - seen.bound[b])
+    await kube.request("DELETE", rest.PODS.path(NS), params={"labelSelector": f"bench-run={run}"})
+    return Result(
+        pods=n_pods,
+        nodes=len(node_names),
+        makespan=max(e for _, e in times.values()) - min(s for s, _ in times.values()),
+        gaps=gaps,
+        report=report,
+        bridge=bridge,
+        start=start_lat,
+        runtimes=[e - s for s, e in times.values()],
+    )
+
+
+async def run() -> list[Result]:
+    bed = bench_testbed()
+    state = bed.load()
+    real = state.real_nodes[-2:]
+    work = bed.dir / "bench-handover"
+    work.mkdir(exist_ok=True)
+    kube = rest.Kube.from_kubeconfig(bed.kubeconfig)
+    slurm = SlurmClient(bed.slurm_rest_url, MintedToken(bed.jwt_key_path.read_bytes(), user="root"))
+    for ns in (NS, OWN_NS):
+        with contextlib.suppress(rest.ApiError):
+            await kube.create(rest.NAMESPACES, {"metadata": {"name": ns}})
+    bridge, _ = await asyncio.to_thread(
+        start_bridge,
+        bed,
+        bed.slurm_rest_url,
+        work,
+        NS,
+        managedNodeTaint={"enabled": False},
+        slurmPollInterval="500ms",
+    )
+    seen = Seen()
+    factory = InformerFactory(kube)
+    pods = factory.informer(rest.PODS, namespace=NS)
+    pods.add_handler(Handler(on_add=seen.on, on_update=lambda _o, n: seen.on(n)))
+    factory.start()
+    results = []
+    try:
+        await factory.wait_synced()
+        await register(kube, slurm, real)
+        for n_pods, n_nodes in RUNS:
+            results.append(await one_run(kube, bed.dir, seen, n_pods, real[:n_nodes]))
+    finally:
+        await release(kube, slurm, real)
+        bridge.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            await asyncio.to_thread(bridge.wait, 40)
+        await factory.stop()
+        await slurm.close()
+        await kube.close()
+    return results
+
+
+def ms(v: float) -> str:
+    return f"{v * 1000:.0f} ms"
+
+
+def report(results: list[Result]) -> None:
+    print("\nslurm-bridge hand-over on real nodes (exclusive pods of `sleep 5`, one after another)")
+    print("  bridge: slurmPollInterval 500ms, immediateAllocation on; machine: 2 cores, shared")
+    head = (
+        "  pods nodes  makespan    ideal  ratio  gap p50  gap p99 | report p50 bridge p50 start p50"
+    )
+    print(head)
+    for r in results:
+        ideal = r.pods * SLEEP_S / r.nodes
+        print(
+            f"  {r.pods:4d} {r.nodes:5d} {r.makespan:8.1f}s {ideal:7.1f}s "
+            f"{r.makespan / ideal:5.2f}x "
+            f"{ms(pct(r.gaps, 50)):>8} {ms(pct(r.gaps, 99)):>8} | {ms(pct(r.report, 50)):>10} "
+            f"{ms(pct(r.bridge, 50)):>10} {ms(pct(r.start, 50)):>9}"
+        )
+    runtimes = [t for r in results for t in r.runtimes]
+    print(
+        f"  the pods' own run time (baseline): p50 {pct(runtimes, 50):.2f}s; targets: "
+        "gap p50 <= 1 s, ratio <= 1.2x (upstream's plugin: 3.3x on 2 nodes)"
+    )
+
+
+def main() -> None:
+    report(asyncio.run(run()))
+
+
+if __name__ == "__main__":
+    main()
