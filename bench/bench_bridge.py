@@ -165,6 +165,33 @@ def start_bridge(
     raise SystemExit(f"bridge not ready; see {work / 'bridge.log'}")
 
 
+async def bridge_bench(
+    bed: Testbed, name: str, namespaces: tuple[str, ...]
+) -> tuple[Path, rest.Kube, SlurmClient]:
+    """A bridge benchmark's work directory (`bench-<name>` in the test bed's), its apiserver
+    and slurmrestd clients; `namespaces` made if missing."""
+    work = bed.dir / f"bench-{name}"
+    work.mkdir(exist_ok=True)
+    kube = rest.Kube.from_kubeconfig(bed.kubeconfig)
+    slurm = SlurmClient(bed.slurm_rest_url, MintedToken(bed.jwt_key_path.read_bytes(), user="root"))
+    for ns in namespaces:
+        with contextlib.suppress(rest.ApiError):
+            await kube.create(rest.NAMESPACES, {"metadata": {"name": ns}})
+    return work, kube, slurm
+
+
+async def stop_bench(
+    bridge: subprocess.Popen[bytes], factory: InformerFactory, slurm: SlurmClient, kube: rest.Kube
+) -> None:
+    """Stop the bridge process (40 s to end) and close the bench's informers and clients."""
+    bridge.terminate()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        await asyncio.to_thread(bridge.wait, 40)
+    await factory.stop()
+    await slurm.close()
+    await kube.close()
+
+
 async def until(check: Callable[[], Awaitable[bool]], what: str, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not await check():
@@ -412,15 +439,9 @@ async def run() -> None:
     kwok = state.kwok_nodes[:KWOK_NODES]
     if len(kwok) < KWOK_NODES:
         print(f"  note: the bench test bed has {len(kwok)} kwok nodes (wanted {KWOK_NODES})")
-    work = bed.dir / "bench-bridge"
-    work.mkdir(exist_ok=True)
-    kube = rest.Kube.from_kubeconfig(bed.kubeconfig)
-    slurm = SlurmClient(bed.slurm_rest_url, MintedToken(bed.jwt_key_path.read_bytes(), user="root"))
+    work, kube, slurm = await bridge_bench(bed, "bridge", (NS, OWN_NS))
     proxy = CountingProxy(bed.slurm_rest_url)
     proxy_url = await proxy.start()
-    for ns in (NS, OWN_NS):
-        with contextlib.suppress(rest.ApiError):
-            await kube.create(rest.NAMESPACES, {"metadata": {"name": ns}})
     bridge, _ = await asyncio.to_thread(start_bridge, bed, proxy_url, work)
     factory = InformerFactory(kube)
     binds = Bindings(factory)
@@ -442,13 +463,8 @@ async def run() -> None:
     finally:
         await cancel_jobs(slurm, queued)
         await give_back(kube, slurm, binds, kwok)
-        bridge.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            await asyncio.to_thread(bridge.wait, 40)
-        await factory.stop()
         await proxy.stop()
-        await slurm.close()
-        await kube.close()
+        await stop_bench(bridge, factory, slurm, kube)
 
     print("\nslurm-bridge scheduler vs kube-scheduler (same pods, same nodes)")
     print(

@@ -19,9 +19,7 @@ Run: `python -m bench.bench_groups` (part of `make bench`). Env: BENCH_GROUPS_SI
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -34,19 +32,19 @@ from bench.bench_bridge import (
     SCHEDULER,
     Bindings,
     bench_pod,
+    bridge_bench,
     create_all,
     finish,
     give_back,
     register_nodes,
     start_bridge,
+    stop_bench,
     until,
 )
 from bench.common import bench_testbed, pct
 from slinky.bridge.groups import PODGROUP_LABEL
 from slinky.kube import rest
 from slinky.kube.informer import InformerFactory
-from slinky.slurm.client import SlurmClient
-from slinky.slurm.tokens import MintedToken
 
 REPO = Path(__file__).resolve().parents[1]
 KWOK_NODES = 16
@@ -102,13 +100,7 @@ async def run() -> None:
     kwok = bed.load().kwok_nodes[:KWOK_NODES]
     if len(kwok) < max(SIZES):
         raise SystemExit(f"bench: {len(kwok)} kwok nodes, a group of {max(SIZES)} needs more")
-    work = bed.dir / "bench-groups"
-    work.mkdir(exist_ok=True)
-    kube = rest.Kube.from_kubeconfig(bed.kubeconfig)
-    slurm = SlurmClient(bed.slurm_rest_url, MintedToken(bed.jwt_key_path.read_bytes(), user="root"))
-    for ns in (NS, OWN_NS):
-        with contextlib.suppress(rest.ApiError):
-            await kube.create(rest.NAMESPACES, {"metadata": {"name": ns}})
+    work, kube, slurm = await bridge_bench(bed, "groups", (NS, OWN_NS))
     await install_crd(kube)
     bridge, _ = await asyncio.to_thread(start_bridge, bed, bed.slurm_rest_url, work)
     factory = InformerFactory(kube)
@@ -128,12 +120,7 @@ async def run() -> None:
                 )
     finally:
         await give_back(kube, slurm, binds, kwok)
-        bridge.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            await asyncio.to_thread(bridge.wait, 40)
-        await factory.stop()
-        await slurm.close()
-        await kube.close()
+        await stop_bench(bridge, factory, slurm, kube)
 
     print("\nslurm-bridge gangs: PodGroup created -> all pods bound (one Slurm job of N nodes)")
     print(

@@ -33,13 +33,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.bench_bridge import OWN_NS, SCHEDULER, start_bridge, until
+from bench.bench_bridge import OWN_NS, SCHEDULER, bridge_bench, start_bridge, stop_bench, until
 from bench.common import bench_testbed, pct
 from slinky.bridge.labels import EXTERNAL_NODE
 from slinky.kube import rest
 from slinky.kube.informer import Handler, InformerFactory
 from slinky.slurm.client import SlurmClient
-from slinky.slurm.tokens import MintedToken
 from slinky_testbed import nodes, paths
 
 JSON = dict[str, Any]
@@ -195,13 +194,7 @@ async def run() -> list[Result]:
     bed = bench_testbed()
     state = bed.load()
     real = state.real_nodes[-2:]
-    work = bed.dir / "bench-handover"
-    work.mkdir(exist_ok=True)
-    kube = rest.Kube.from_kubeconfig(bed.kubeconfig)
-    slurm = SlurmClient(bed.slurm_rest_url, MintedToken(bed.jwt_key_path.read_bytes(), user="root"))
-    for ns in (NS, OWN_NS):
-        with contextlib.suppress(rest.ApiError):
-            await kube.create(rest.NAMESPACES, {"metadata": {"name": ns}})
+    work, kube, slurm = await bridge_bench(bed, "handover", (NS, OWN_NS))
     bridge, _ = await asyncio.to_thread(
         start_bridge,
         bed,
@@ -224,12 +217,7 @@ async def run() -> list[Result]:
             results.append(await one_run(kube, bed.dir, seen, n_pods, real[:n_nodes]))
     finally:
         await release(kube, slurm, real)
-        bridge.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            await asyncio.to_thread(bridge.wait, 40)
-        await factory.stop()
-        await slurm.close()
-        await kube.close()
+        await stop_bench(bridge, factory, slurm, kube)
     return results
 
 
