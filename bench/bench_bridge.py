@@ -463,8 +463,8 @@ async def run() -> None:
     finally:
         await cancel_jobs(slurm, queued)
         await give_back(kube, slurm, binds, kwok)
-        await proxy.stop()
         await stop_bench(bridge, factory, slurm, kube)
+        await proxy.stop()
 
     print("\nslurm-bridge scheduler vs kube-scheduler (same pods, same nodes)")
     print(

@@ -122,6 +122,17 @@ async def register(kube: rest.Kube, slurm: SlurmClient, names: list[str]) -> Non
     await until(registered, f"{names} registered in Slurm, idle", 180)
 
 
+async def clear(kube: rest.Kube) -> None:
+    """Every pod of the namespace deleted and gone (the bridge cancels their jobs)."""
+    await kube.request("DELETE", rest.PODS.path(NS))
+
+    async def gone() -> bool:
+        return not (await kube.list(rest.PODS, NS))["items"]
+
+    with contextlib.suppress(SystemExit):
+        await until(gone, "the bench's pods gone", 120)
+
+
 async def release(kube: rest.Kube, slurm: SlurmClient, names: list[str]) -> None:
     for name in names:
         with contextlib.suppress(rest.ApiError):
@@ -167,8 +178,10 @@ async def one_run(
              "-n", NS, "logs", name],
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
-        start, end = (float(x) for x in out.stdout.split()[:2])
-        times[name] = (start, end)
+        stamps = out.stdout.split()
+        if out.returncode != 0 or len(stamps) < 2:
+            raise SystemExit(f"bench: logs of pod {name}: {out.stdout!r} {out.stderr.strip()}")
+        times[name] = (float(stamps[0]), float(stamps[1]))
     gaps, report, bridge, start_lat = [], [], [], []
     for node in node_names:
         on = sorted((n for n in names if seen.node.get(n) == node), key=lambda n: times[n][0])
@@ -194,6 +207,8 @@ async def run() -> list[Result]:
     bed = bench_testbed()
     state = bed.load()
     real = state.real_nodes[-2:]
+    if len(real) < max(n for _, n in RUNS):
+        raise SystemExit(f"bench: {len(real)} real nodes, the runs {RUNS} need more")
     work, kube, slurm = await bridge_bench(bed, "handover", (NS, OWN_NS))
     bridge, _ = await asyncio.to_thread(
         start_bridge,
@@ -216,6 +231,7 @@ async def run() -> list[Result]:
         for n_pods, n_nodes in RUNS:
             results.append(await one_run(kube, bed.dir, seen, n_pods, real[:n_nodes]))
     finally:
+        await clear(kube)  # a failed run's pods, while the bridge still runs
         await release(kube, slurm, real)
         await stop_bench(bridge, factory, slurm, kube)
     return results

@@ -16,6 +16,8 @@ jobs). So the watch asks about its own jobs only, in as few requests as it can:
 - a Slurm node event (the Slurm informer's update_time deltas, one small request per poll
   for the whole cluster) makes every pending job and every job on that node due at once: an
   allocation or an ending job changes its node, so it is noticed within one informer poll;
+  pending jobs are also looked at just after the next two whole seconds, when slurmctld's
+  scheduling pass runs (PASS_LOOK_AFTER_S);
 - a job that holds its nodes (or is gone) is looked at every `settled_interval`, all such
   jobs on one shared tick, so they cost one request a minute together, however many;
 - a job the bridge cancelled is followed on that tick until Slurm purges it: a slurmctld
@@ -65,10 +67,12 @@ EVENT_MIN_GAP_S = 2.0
 # slurmctld runs the scheduling pass an event asks for (a job update, a job's end) at the
 # next whole second of its clock: its background loop ticks on the second (a hand-over bench
 # run logged all 29 allocations of pending jobs at .000-.003). Doubling looks from a node
-# event (0, 0.05, 0.15, 0.35, 0.75, 1.55 s) saw an allocation made 0.8 s after the event
-# 0.75 s late, and the next pod started that much later. So the looks after a node event
-# also fall just after the next two whole seconds of the wall clock (the same clock as
-# slurmctld's, within NTP's milliseconds; a skewed one only loses this shortcut).
+# event (0, 0.1, 0.3, 0.7, 1.5 s) saw an allocation made 0.8 s after the event 0.7 s late,
+# and the next pod started that much later. So the looks after a node event also fall just
+# after the next two whole seconds of the wall clock (the same clock as slurmctld's, within
+# NTP's milliseconds; a skewed one only loses this shortcut); they do not count as steps of
+# the doubling, and an event inside EVENT_MIN_GAP_S still moves them (batched: all pending
+# jobs are looked at together on the second).
 PASS_LOOK_AFTER_S = 0.03
 PASS_LOOKS = 2
 
@@ -80,6 +84,11 @@ def _significant(job: Job | None) -> tuple[tuple[str, ...], str, str] | None:
     if job is None:
         return None
     return (tuple(job.state), job.nodes, job.state_reason if job.is_pending else "")
+
+
+def _wall() -> float:
+    """The wall clock (slurmctld's passes start on its whole seconds); a seam for tests."""
+    return time.time()
 
 
 def pass_looks(monotonic_now: float, wall_now: float) -> list[float]:
@@ -195,11 +204,13 @@ class JobWatch(BackgroundLoop):
         """Look now, then often for a moment (Slurm's pass follows the event within about a
         second); fast looks already under way for an event a moment ago are left to run."""
         now = time.monotonic()
+        passes = pass_looks(now, _wall())
+        self._pass_looks[job_id] = passes
         if now - self._evented.get(job_id, -math.inf) < EVENT_MIN_GAP_S:
+            self._schedule(job_id, passes[0] - now)  # only the look after Slurm's pass
             return
         self._evented[job_id] = now
         self._interval[job_id] = FIRST_READ_S
-        self._pass_looks[job_id] = pass_looks(now, time.time())
         self._schedule(job_id, 0.0)
 
     def _schedule(self, job_id: int, delay: float) -> None:
@@ -235,6 +246,7 @@ class JobWatch(BackgroundLoop):
             # Allocated or ended, and no event made it due while it was read: nothing
             # to catch early, back to the slow backstop.
             self._fast.pop(job_id, None)
+            self._pass_looks.pop(job_id, None)
             self._interval[job_id] = self.settled_interval
             self._next[job_id] = self._settled_tick()
         return job
@@ -317,18 +329,21 @@ class JobWatch(BackgroundLoop):
 
     def _reschedule(self, job_id: int, job: Job | None) -> None:
         fast = self._fast.pop(job_id, 0)
+        planned = self._pass_looks.pop(job_id, [])
         if job is None or not job.is_pending:
             self._interval[job_id] = self.settled_interval
             self._next[job_id] = self._settled_tick()
             return
-        interval = min(self._interval.get(job_id, FIRST_READ_S) * 2, self.max_interval)
+        now = time.monotonic()
+        interval = self._interval.get(job_id, FIRST_READ_S)
+        if not any(t <= now for t in planned):  # a look after Slurm's pass is no step
+            interval = min(interval * 2, self.max_interval)
         if fast > 1:
             self._fast[job_id] = fast - 1
             interval = FIRST_READ_S
         self._interval[job_id] = interval
-        now = time.monotonic()
         at = now + interval
-        passes = [t for t in self._pass_looks.pop(job_id, []) if t > now]
+        passes = [t for t in planned if t > now]
         if passes:
             self._pass_looks[job_id] = passes
             at = min(at, passes[0])
