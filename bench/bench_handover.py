@@ -31,6 +31,7 @@ import subprocess
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from bench.bench_bridge import OWN_NS, SCHEDULER, bridge_bench, start_bridge, stop_bench, until
@@ -159,7 +160,7 @@ class Result:
 
 
 async def one_run(
-    kube: rest.Kube, bed_dir: Any, seen: Seen, n_pods: int, node_names: list[str]
+    kube: rest.Kube, bed_dir: Path, seen: Seen, n_pods: int, node_names: list[str]
 ) -> Result:
     run = uuid.uuid4().hex[:6]
     names = [f"h{run}-{i:02d}" for i in range(n_pods)]

@@ -4,7 +4,9 @@ jobs again at once when a Slurm node changed."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -355,12 +357,9 @@ def fake_wall(monkeypatch: pytest.MonkeyPatch, fraction: float) -> None:
     monkeypatch.setattr(jobwatch, "_wall", lambda: base + (time.monotonic() - m0))
 
 
-async def test_an_allocation_at_slurms_next_pass_is_seen_just_after_it(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A pending job allocated by the pass 0.8 s after a node event (slurmctld's next whole
-    second) is seen just after it; the doubling looks alone (0.7 s, then 1.5 s) saw it 0.7 s
-    late (a hand-over bench run)."""
+@contextlib.asynccontextmanager
+async def watching_one_pending_job() -> AsyncIterator[tuple[FakeSlurm, JobWatch, list[float]]]:
+    """A running watch of job 1, pending and read once; `seen`: when a change was told."""
     slurm = FakeSlurm()
     slurm.set(1, "PENDING")
     seen: list[float] = []
@@ -372,6 +371,18 @@ async def test_an_allocation_at_slurms_next_pass_is_seen_just_after_it(
         watch.track(1)
         await until(lambda: 1 in watch.jobs)
         seen.clear()
+        yield slurm, watch, seen
+    finally:
+        await watch.stop()
+
+
+async def test_an_allocation_at_slurms_next_pass_is_seen_just_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A pending job allocated by the pass 0.8 s after a node event (slurmctld's next whole
+    second) is seen just after it; the doubling looks alone (0.7 s, then 1.5 s) saw it 0.7 s
+    late (a hand-over bench run)."""
+    async with watching_one_pending_job() as (slurm, watch, seen):
         fake_wall(monkeypatch, 0.2)  # the node event comes 0.8 s before the whole second
         t0 = time.monotonic()
         watch.node_changed("n1")
@@ -379,8 +390,6 @@ async def test_an_allocation_at_slurms_next_pass_is_seen_just_after_it(
         slurm.set(1, "RUNNING", "n1")
         await until(lambda: bool(seen), 3.0)
         assert seen[0] - t0 < 1.3, seen[0] - t0
-    finally:
-        await watch.stop()
 
 
 async def test_an_event_inside_the_gap_still_looks_after_the_next_pass(
@@ -389,16 +398,7 @@ async def test_an_event_inside_the_gap_still_looks_after_the_next_pass(
     """A second node event within EVENT_MIN_GAP_S of the first makes no burst of looks, but
     the allocation Slurm's next pass makes is still seen just after it, not on the doubled
     interval (which had grown to 1.6 s by then)."""
-    slurm = FakeSlurm()
-    slurm.set(1, "PENDING")
-    seen: list[float] = []
-    watch = JobWatch(  # type: ignore[arg-type]
-        slurm, on_change=lambda _: seen.append(time.monotonic()), max_interval=10.0
-    )
-    watch.start()
-    try:
-        watch.track(1)
-        await until(lambda: 1 in watch.jobs)
+    async with watching_one_pending_job() as (slurm, watch, seen):
         fake_wall(monkeypatch, 0.5)
         watch.node_changed("n1")  # the first event: looks at 0, .1, .3, .53, .7, 1.5, ...
         await asyncio.sleep(1.6)
@@ -410,5 +410,3 @@ async def test_an_event_inside_the_gap_still_looks_after_the_next_pass(
         slurm.set(1, "RUNNING", "n1")
         await until(lambda: bool(seen), 5.0)
         assert seen[0] - t1 < 1.3, seen[0] - t1
-    finally:
-        await watch.stop()

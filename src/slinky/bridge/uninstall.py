@@ -28,6 +28,7 @@ import asyncio
 import sys
 import time
 
+from slinky.bridge import podcontrol
 from slinky.bridge.labels import FINALIZER, MANAGED_NODE_TAINT, SLURM_JOBID
 from slinky.kube import flags, rest
 from slinky.types import JSON
@@ -102,9 +103,9 @@ def unsettled(pod: JSON, scheduler_name: str) -> bool:
     """A finished pod of this bridge whose placeholder job the bridge has not cancelled yet
     (it takes its finalizer off after the cancel)."""
     return (
-        FINALIZER in (pod["metadata"].get("finalizers") or [])
+        podcontrol.has_finalizer(pod)
         and (pod.get("spec") or {}).get("schedulerName") == scheduler_name
-        and (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed")
+        and podcontrol.is_terminal(pod)
     )
 
 
