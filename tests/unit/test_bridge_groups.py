@@ -340,6 +340,73 @@ async def test_a_group_whose_pod_was_replaced_before_binding_binds_none_and_star
     assert len([j for j in slurm.jobs if j != job_id]) == 1
 
 
+def another_groups_job(slurm: Any, job_id: int, config: Any, uids: tuple[str, str]) -> str:
+    """slurmctld, killed and restarted from a state save older than the group's job, gave
+    its id to another group's job (pods `h-0`, `h-1`), allocated n[1-2]; its admin_comment."""
+    others = [make_pod(f"h-{i}", uid) for i, uid in enumerate(uids)]
+    comment = placeholder.admin_comment(others, config)
+    slurm.jobs[job_id] = {
+        "job_id": job_id,
+        "job_state": ["RUNNING"],
+        "nodes": "n[1-2]",
+        "admin_comment": comment,
+    }
+    return comment
+
+
+async def test_a_group_whose_job_id_names_another_groups_job_is_never_bound_there() -> None:
+    """The chaos soak's defect: after a slurmctld restart the group's job id named another
+    group's job, and the bridge bound the group to that job's nodes. Now no pod is bound
+    there, that job is not cancelled (not ours to kill), and the group gets a job of its
+    own, as when Slurm lost its job."""
+    sync, slurm, kube, pods = gang_setup(2)
+    job_id = await submitted_group(sync, slurm, pods)
+    await sync.reconcile("ns/g-1")  # both members placed: both wait on the job
+    comment = another_groups_job(slurm, job_id, sync.config, ("v0", "v1"))
+    sync.watch.jobs.pop(job_id)  # as the watch would, on the change
+    for key in ("ns/g-0", "ns/g-1"):
+        await sync.reconcile(key)
+    assert kube.bound == {}, "bound to the nodes of a job that is not the group's"
+    assert slurm.cancelled == [], "cancelled a job that is not ours"
+    assert slurm.jobs[job_id]["admin_comment"] == comment
+    new = [j for j in slurm.jobs if j != job_id]
+    labels = [job_label(pods.get(f"ns/g-{i}")) for i in range(2)]
+    assert len(new) == 1, "the group got no job of its own"
+    assert labels == [str(new[0])] * 2
+
+
+async def test_a_group_whose_job_slurm_lost_before_binding_gets_a_new_one() -> None:
+    """slurmctld restarted from a state save older than the group's job: Slurm no longer
+    knows it, so the group (never started) gets another job, as a single pod does."""
+    sync, slurm, kube, pods = gang_setup(2)
+    job_id = await submitted_group(sync, slurm, pods)
+    del slurm.jobs[job_id]
+    sync.watch.jobs.pop(job_id)
+    for _ in range(2):
+        for key in ("ns/g-0", "ns/g-1"):
+            await sync.reconcile(key)
+    (new,) = slurm.jobs
+    assert new != job_id
+    assert [job_label(pods.get(f"ns/g-{i}")) for i in range(2)] == [str(new)] * 2
+    assert kube.bound == {} and slurm.cancelled == []
+
+
+async def test_a_pod_leaving_a_group_leaves_alone_a_job_that_took_its_jobs_id() -> None:
+    """A pod of a pending group leaves after slurmctld gave the group's job id to a job of
+    another bridge whose pods have the same names (another Kubernetes cluster on the same
+    Slurm): that job is not ours to cancel."""
+    sync, slurm, _kube, pods = gang_setup(2)
+    job_id = await submitted_group(sync, slurm, pods)
+    await sync.reconcile("ns/g-1")
+    elsewhere = parse_config({"schedulerName": "s1", "clusterId": "another-cluster"})
+    others = [make_pod(f"g-{i}", f"x{i}") for i in range(2)]
+    slurm.jobs[job_id]["admin_comment"] = placeholder.admin_comment(others, elsewhere)
+    sync.watch.jobs.pop(job_id)
+    pods.delete("ns/g-0")
+    await sync.reconcile("ns/g-0")
+    assert slurm.cancelled == [], "cancelled a job that is not ours"
+
+
 async def test_a_terminating_member_at_bind_time_binds_none_of_the_group() -> None:
     """A member being deleted (deletionTimestamp set, still in the cache) when the job is
     allocated can never take its node: binding the others would run the gang incomplete."""

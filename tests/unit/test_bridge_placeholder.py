@@ -13,6 +13,7 @@ from slinky.bridge.config import BridgeConfig, parse_config
 from slinky.bridge.labels import SLURMJOB_PREFIX
 from slinky.bridge.placeholder import PlaceholderProblem
 from slinky.bridge.scheduler.queue import RankedKeys, pod_rank
+from slinky.slurm.models import Job
 
 JSON = dict[str, Any]
 CONFIG = parse_config(
@@ -264,27 +265,54 @@ def test_pods_are_taken_by_priority_then_age_then_arrival() -> None:
     assert out == ["high-old", "high-new", "low-old", "low-new", "low-new-2"]
 
 
+def placeholder_job(admin_comment: str, job_id: int = 10) -> Job:
+    """Job `job_id` as slurmrestd returns it, with `admin_comment`."""
+    return Job.parse({"job_id": job_id, "job_state": ["RUNNING"], "admin_comment": admin_comment})
+
+
 def test_only_a_comment_naming_the_pod_scheduler_and_cluster_makes_a_job_its_placeholder() -> None:
-    comment = job(pod())["admin_comment"]
+    ours = placeholder_job(job(pod())["admin_comment"])
     other_scheduler = parse_config({"schedulerName": "s2", "clusterId": "c1"})
     other_cluster = parse_config({"schedulerName": "s1", "clusterId": "c2"})
-    assert placeholder.is_placeholder_of(comment, CONFIG, key="ns/p")
-    assert not placeholder.is_placeholder_of(comment, other_scheduler, key="ns/p")
-    assert not placeholder.is_placeholder_of(comment, other_cluster, key="ns/p")
-    assert not placeholder.is_placeholder_of(comment, CONFIG, key="ns/q")
-    assert not placeholder.is_placeholder_of("", CONFIG, key="ns/p")
+    assert placeholder.job_is_for(ours, CONFIG, key="ns/p")
+    assert not placeholder.job_is_for(ours, other_scheduler, key="ns/p")
+    assert not placeholder.job_is_for(ours, other_cluster, key="ns/p")
+    assert not placeholder.job_is_for(ours, CONFIG, key="ns/q")
+    assert not placeholder.job_is_for(placeholder_job(""), CONFIG, key="ns/p")
+    assert not placeholder.job_is_for(placeholder_job("not json"), CONFIG, key="ns/p")
     # Written before clusterId existed: the scheduler name is all there is to go by.
-    legacy = '{"pods":["ns/p"],"uids":["u-1"],"scheduler":"s1"}'
-    assert placeholder.is_placeholder_of(legacy, other_cluster, key="ns/p")
+    legacy = placeholder_job('{"pods":["ns/p"],"uids":["u-1"],"scheduler":"s1"}')
+    assert placeholder.job_is_for(legacy, other_cluster, key="ns/p")
 
 
 def test_a_comment_recorded_for_another_pod_of_the_same_name_is_not_its_placeholder() -> None:
-    comment = job(pod())["admin_comment"]  # written for UID u-1
-    assert placeholder.is_placeholder_of(comment, CONFIG, key="ns/p", uid="u-1")
-    assert not placeholder.is_placeholder_of(comment, CONFIG, key="ns/p", uid="u-2")
+    ours = placeholder_job(job(pod())["admin_comment"])  # written for UID u-1
+    assert placeholder.job_is_for(ours, CONFIG, key="ns/p", uid="u-1")
+    assert not placeholder.job_is_for(ours, CONFIG, key="ns/p", uid="u-2")
     upstream = '{"pods":["ns/p"]}'  # no UIDs recorded: the name is all there is to go by
     read = placeholder.read_comment(upstream)
     assert read is not None and read.pods == {"ns/p": ""} and read.scheduler == ""
+
+
+def named(name: str, uid: str) -> JSON:
+    p = pod()
+    p["metadata"].update(name=name, uid=uid)
+    return p
+
+
+def test_a_job_id_is_not_identity_only_the_admin_comment_says_whose_job_it_is() -> None:
+    """Job 10 was pod ns/p's (UID u-1); slurmctld restarted from an older state save and
+    gave 10 to another job: the same id, another job."""
+    assert placeholder.job_is_for(
+        placeholder_job(placeholder.admin_comment([pod()], CONFIG)), CONFIG, key="ns/p", uid="u-1"
+    )
+    for comment in (
+        placeholder.admin_comment([named("q", "u-9")], CONFIG),  # another pod's
+        placeholder.admin_comment([named("a", "u-a"), named("b", "u-b")], CONFIG),  # a gang's
+        placeholder.admin_comment([named("p", "u-0")], CONFIG),  # an earlier pod named p
+        "",  # a user's job
+    ):
+        assert not placeholder.job_is_for(placeholder_job(comment), CONFIG, key="ns/p", uid="u-1")
 
 
 def test_without_a_policy_the_job_runs_as_nobody_never_the_bridges_own_user() -> None:

@@ -9,6 +9,8 @@ import json
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from slinky.bridge import placeholder, podcontrol
 from slinky.bridge.config import parse_config
 from slinky.bridge.jobwatch import JobWatch
@@ -235,6 +237,54 @@ async def test_a_pod_whose_job_slurm_lost_before_it_was_bound_gets_a_new_one() -
     assert kube.bound == {}
 
 
+def reused(slurm: FakeSlurm, job_id: int, admin_comment: str, nodes: str = "n2") -> None:
+    """slurmctld, killed and restarted from a state save older than job `job_id`, gave its
+    id to another job, allocated `nodes`, whose admin_comment is `admin_comment`."""
+    slurm.jobs[job_id] = {
+        "job_id": job_id,
+        "job_state": ["RUNNING"],
+        "nodes": nodes,
+        "admin_comment": admin_comment,
+    }
+
+
+OTHER_BRIDGE = parse_config({"schedulerName": "s1", "clusterId": "another-cluster"})
+# What a job that took the id of pod ns/p's (UID u1) job may say in its admin_comment.
+FOREIGN_COMMENTS = {
+    "another-pod": placeholder.admin_comment([make_pod("q", "u9")], CONFIG),
+    "same-name-other-uid": placeholder.admin_comment([make_pod("p", "u0")], CONFIG),
+    "another-scheduler": placeholder.admin_comment(
+        [make_pod("p", "u1")], parse_config({"schedulerName": "s2"})
+    ),
+    "another-cluster": placeholder.admin_comment([make_pod("p", "u1")], OTHER_BRIDGE),
+    "not-a-bridge-job": "",
+}
+
+
+@pytest.mark.parametrize("comment", FOREIGN_COMMENTS.values(), ids=FOREIGN_COMMENTS.keys())
+async def test_a_job_that_took_the_pods_job_id_after_a_slurmctld_restart_is_not_its_job(
+    comment: str,
+) -> None:
+    """A job id alone is not identity: the job now behind the pod's label is someone
+    else's. The pod is not bound to its node, it is not cancelled (not ours to kill), and
+    the pod gets a new job, as when Slurm lost its own."""
+    sync, slurm, kube, pods = setup()
+    pods.upsert(make_pod("p", "u1"))
+    await sync.reconcile("ns/p")
+    (job_id,) = slurm.jobs
+    reused(slurm, job_id, comment)
+    sync.watch.jobs.pop(job_id)  # as the watch would, on the change
+    await sync.reconcile("ns/p")
+    assert kube.bound == {}, "bound to the node of a job that is not the pod's"
+    assert job_label(pods.get("ns/p")) is None, "the pod still waits on a job not its own"
+    await sync.reconcile("ns/p")
+    new = max(slurm.jobs)
+    assert new != job_id and job_label(pods.get("ns/p")) == str(new)
+    assert slurm.cancelled == [], "cancelled a job that is not ours"
+    assert slurm.jobs[job_id]["admin_comment"] == comment
+    assert [u for u in slurm.updates if u[0] == job_id] == []
+
+
 async def test_a_job_recorded_for_an_earlier_pod_of_the_same_name_is_never_bound() -> None:
     sync, slurm, kube, pods = setup()
     pods.upsert(make_pod("p", "u1"))
@@ -288,6 +338,21 @@ async def test_a_pod_deleted_before_its_label_has_its_job_cancelled_after_a_fail
     slurm.refuse_cancel = False
     await sync.reconcile("ns/p")  # the controller retries the key
     assert slurm.cancelled == [job_id]
+
+
+async def test_a_pod_deleted_before_its_label_leaves_alone_a_job_that_took_its_jobs_id() -> None:
+    """The job remembered for a pod that went away before its label names another pod now
+    (slurmctld gave the id again after a restart): not ours to cancel."""
+    sync, slurm, _kube, pods = setup()
+    pods.upsert(make_pod("p", "u1"))
+    sync.kube = SimpleNamespace(patch=_deleted(pods))  # type: ignore[assignment]
+    with contextlib.suppress(rest.ApiError):
+        await sync.reconcile("ns/p")
+    (job_id,) = slurm.jobs
+    reused(slurm, job_id, FOREIGN_COMMENTS["another-pod"])
+    await sync.reconcile("ns/p")
+    assert slurm.cancelled == [], "cancelled a job that is not ours"
+    assert sync.ledger.unlabelled("ns/p") is None  # nothing left to retry
 
 
 def _deleted(pods: Store) -> Any:

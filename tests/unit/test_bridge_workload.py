@@ -256,3 +256,37 @@ async def test_a_job_slurm_revived_for_a_pod_that_ended_long_ago_is_cancelled_by
     }
     await sync.reconcile(ORPHANS_KEY)
     assert slurm.cancelled == [7]
+
+
+def pending_job(job_id: int, comment: str) -> JSON:
+    return {"job_id": job_id, "job_state": ["PENDING"], "nodes": "", "admin_comment": comment}
+
+
+async def test_a_nudge_writes_a_pending_jobs_admin_comment_back_unchanged() -> None:
+    """A cancelled job freed its node: a pending job of ours gets its own admin_comment
+    written again, which starts Slurm's scheduling pass."""
+    sync, slurm, _kube, _pods, _ = setup(phase="Succeeded")
+    ours = placeholder.admin_comment([make_pod("w", "u2")], CONFIG)
+    slurm.jobs[8] = pending_job(8, ours)
+    sync.watch.track(8)
+    sync.watch.jobs[8] = slurm.job(8)
+    await sync.reconcile("ns/p")
+    assert slurm.cancelled == [7]
+    assert slurm.updates == [(8, {"admin_comment": ours})]
+
+
+async def test_a_nudge_never_writes_a_cached_comment_onto_a_job_that_took_its_id() -> None:
+    """The watch still holds a pending job of ours read before slurmctld restarted from an
+    older state save and gave its id to another job. Writing the cached admin_comment on
+    that job would make it ours, and the node Slurm gives it our pod's: nothing is written."""
+    sync, slurm, _kube, _pods, _ = setup(phase="Succeeded")
+    ours = placeholder.admin_comment([make_pod("w", "u2")], CONFIG)
+    sync.watch.track(8)
+    sync.watch.jobs[8] = Job.parse(pending_job(8, ours))  # read before the restart
+    others = [make_pod(f"h-{i}", f"v{i}") for i in range(2)]
+    theirs = placeholder.admin_comment(others, CONFIG)
+    slurm.jobs[8] = pending_job(8, theirs)
+    await sync.reconcile("ns/p")
+    assert slurm.cancelled == [7]
+    assert slurm.jobs[8]["admin_comment"] == theirs, "another job's admin_comment overwritten"
+    assert slurm.updates == []

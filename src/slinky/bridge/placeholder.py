@@ -31,6 +31,7 @@ from slinky.bridge import policy
 from slinky.bridge.config import BridgeConfig
 from slinky.bridge.labels import SLURMJOB_PREFIX
 from slinky.kube.quantity import parse_quantity
+from slinky.slurm.models import Job
 from slinky.types import JSON
 
 GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
@@ -109,6 +110,10 @@ def pod_key(pod: JSON) -> str:
     return f"{meta.get('namespace')}/{meta.get('name')}"
 
 
+def pod_uid(pod: JSON) -> str:
+    return str((pod.get("metadata") or {}).get("uid") or "")
+
+
 def _annotation(pod: JSON, short: str) -> str | None:
     value = ((pod.get("metadata") or {}).get("annotations") or {}).get(SLURMJOB_PREFIX + short)
     return None if value is None else str(value)
@@ -167,7 +172,7 @@ def admin_comment(pods: list[JSON], config: BridgeConfig) -> str:
     return json.dumps(
         {
             "pods": [pod_key(p) for p in pods],
-            "uids": [str((p.get("metadata") or {}).get("uid") or "") for p in pods],
+            "uids": [pod_uid(p) for p in pods],
             "scheduler": config.scheduler_name,
             "cluster": config.cluster_id,
         },
@@ -205,11 +210,14 @@ def read_comment(text: str) -> Comment | None:
     )
 
 
-def is_placeholder_of(comment_text: str, config: BridgeConfig, *, key: str, uid: str = "") -> bool:
-    """Whether a job's admin_comment says it is this bridge's placeholder for pod `key`
-    (and, when `uid` is given and the comment recorded one, for that very pod, not an
-    earlier pod of the same name)."""
-    comment = read_comment(comment_text)
+def job_is_for(job: Job, config: BridgeConfig, *, key: str, uid: str = "") -> bool:
+    """Whether `job`, found by a job id the bridge holds for pod `key` (UID `uid`) in a
+    label, the ledger or the job watch's cache, is this bridge's placeholder job for that
+    very pod, by its admin_comment. A job id alone is not identity: slurmctld restarted from
+    a state save older than its last submissions gives their ids to new jobs, so the id can
+    name another pod's job, another bridge's or a user's. `uid` is "" only when the pod is
+    gone, its UID unknown; a comment that recorded no UID (upstream's) goes by the name."""
+    comment = read_comment(str(job.raw.get("admin_comment") or ""))
     if comment is None or not comment.made_by(config) or key not in comment.pods:
         return False
     recorded = comment.pods[key]

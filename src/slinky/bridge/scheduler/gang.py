@@ -9,7 +9,10 @@
 3. `place`   — no pod is bound before Slurm allocated the whole job; then pod i (rank order,
                as listed in the job's admin_comment) is annotated with the i-th Slurm node
                of the job's node list and bound to its Kubernetes node: N distinct nodes,
-               all at once. Should a node have no Kubernetes node yet, none is bound;
+               all at once. Should a node have no Kubernetes node yet, none is bound. A
+               job Slurm no longer knows, or one whose admin_comment does not name the pod
+               (its id given to another job after a slurmctld restart), is `lost`: the
+               group waits for N pods again, and that job is never bound to nor cancelled;
 4. `left`    — a pod of a group that leaves (deleted, failed) before any pod of its job
                was bound (the job pending, or allocated but not placed yet; `place` checks
                the same before binding): the other pods' job-id labels are removed first,
@@ -217,22 +220,16 @@ class GangScheduler:
         sync.unseen.discard(key)
         sync.watch.track(job_id)
         job = await sync.job(job_id)
-        if job is None or job.is_finished:
+        if job is None:
+            return await self.lost(pod, group, job_id, "Slurm no longer knows it")
+        if not placeholder.job_is_for(job, sync.config, key=key, uid=placeholder.pod_uid(pod)):
+            # Before anything is read from the job: its id names another job (given again
+            # after a slurmctld restart), whose nodes and pods are not this group's.
+            return await self.lost(pod, group, job_id, "it is not the group's placeholder job")
+        if job.is_finished:
             return DONE  # the workload controller ends the pods with their job
         comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
-        uid = str(pod["metadata"]["uid"])
-        if (
-            comment is None
-            or not comment.made_by(sync.config)
-            or comment.pods.get(key) not in (uid, "")
-        ):
-            await podcontrol.set_unschedulable(
-                sync.kube,
-                pod,
-                "NotBridgeJob",
-                f"Slurm job {job_id} in the pod's job-id label is not its placeholder job",
-            )
-            return DONE
+        assert comment is not None  # job_is_for read it
         ours = self.pods_of(comment, job_id)
         allocated = expand_hostlist(job.nodes) if job.is_running else []
         if not allocated:
@@ -277,6 +274,29 @@ class GangScheduler:
         for other in list(self.members.get(group.key, ())):
             if other not in comment.pods:
                 self.enqueue(other)  # pods beyond this job: their turn
+        return DONE
+
+    async def lost(self, pod: JSON, group: Group, job_id: int, why: str) -> Result:
+        """The group's job is lost (`why`): Slurm no longer knows it (slurmctld restarted
+        from state saved before it), or its id now names a job that is not the group's (a
+        job made after that restart got it again). The waiting pods that carry it lose its
+        label and the group waits for N pods again (a pod bound already, by a pass that
+        failed halfway, is the workload controller's). The job is never cancelled: Slurm
+        lost it, or it is someone else's."""
+        sync = self.sync
+        message = f"Slurm job {job_id}: {why}; submitting again for {group.describe()}"
+        log.info("pod %s: %s", placeholder.pod_key(pod), message)
+        sync.recorder.event(pod, events.WARNING, "SlurmJobLost", message, action="Schedule")
+        others = self.waiting(group)
+        for p in others:
+            if self.job_of(p) != job_id:
+                continue
+            key, uid = placeholder.pod_key(p), placeholder.pod_uid(p)
+            sync.forget(key)
+            sync.ledger.labelled(key, uid)
+            await unlabel(sync.kube, p)
+        for p in others:
+            self.enqueue(placeholder.pod_key(p))
         return DONE
 
     def labelled(self, pod: JSON) -> None:
@@ -353,9 +373,11 @@ class GangScheduler:
         job = await self.sync.job(job_id)
         if job is None or job.is_finished:
             return  # ended: the workload controller deletes what is left of the group
+        uid = placeholder.pod_uid(pod) if pod is not None else (entry[0] if entry else "")
+        if not placeholder.job_is_for(job, self.sync.config, key=key, uid=uid):
+            return  # not this pod's job (its id given to another job since): not ours
         comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
-        if comment is None or key not in comment.pods:
-            return
+        assert comment is not None  # job_is_for read it
         if job.is_running and started(self.pods_of(comment, job_id)):
             return  # its pods run: the workload controller's
         # Pending, or allocated with no pod bound yet (Slurm can allocate inside the

@@ -19,7 +19,10 @@
                so (PodScheduled=False, `SlurmJobPending`, Slurm's reason), and the job's
                excluded_nodes follow the managed nodes; an allocated node the pod's
                constraints reject gets the pod a new job instead (see `exclusion`); a job
-               Slurm no longer knows (lost in a slurmctld crash) gets the pod a new one.
+               Slurm no longer knows (lost in a slurmctld crash) gets the pod a new one, and
+               so does a job whose admin_comment does not name the pod (`placeholder.
+               job_is_for`): after a slurmctld restart from older saved state its id can
+               name another job, which is never bound to, nor cancelled by the bridge.
 
 Never a second job for a pod: the job id is remembered from the moment Slurm answers
 (before the label is written), recovered at start from the jobs' admin_comment for pods that
@@ -232,9 +235,24 @@ class SchedulerSync:
             and podcontrol.job_id_of(pod) == job_id
         ):
             # Forgotten only once cancelled: a failed cancel is retried with the pod's key.
-            await self.slurm.client.cancel_job(job_id)
-            log.info("job %d: cancelled: pod %s went away before it was labelled", job_id, key)
+            await self.cancel_if_for(job_id, key, uid, "went away before it was labelled")
         self.ledger.labelled(key, uid)
+
+    async def cancel_if_for(self, job_id: int, key: str, uid: str, why: str) -> None:
+        """Cancel `job_id` if it is still the placeholder job of pod `key` (UID `uid`): the
+        id was Slurm's answer for the pod, but a slurmctld restart since may have given it
+        to another job, which is not ours to cancel (one read; a rare path)."""
+        try:
+            job = await self.slurm.client.get_job(job_id)
+        except errors.SlurmNotFound:
+            return
+        if job.is_finished:
+            return
+        if not placeholder.job_is_for(job, self.config, key=key, uid=uid):
+            log.warning("job %d: not cancelled: it is not the placeholder job of %s", job_id, key)
+            return
+        await self.slurm.client.cancel_job(job_id)
+        log.info("job %d: cancelled: pod %s %s", job_id, key, why)
 
     async def resolve_uncertain(self, key: str, pod: JSON | None) -> None:
         """A pod whose submission went unanswered left the queue: its job, if Slurm made
@@ -595,23 +613,14 @@ class SchedulerSync:
         await self.cancel_replaced(pod)
         job = await self.job(job_id)
         if job is None:
-            return await self.job_lost(pod, job_id)
+            return await self.job_lost(pod, job_id, "Slurm no longer knows it (slurmctld lost it)")
+        if not placeholder.job_is_for(job, self.config, key=key, uid=placeholder.pod_uid(pod)):
+            # Checked before anything is read from the job, its end included: the id names
+            # another job (given again after a slurmctld restart, or a label someone else
+            # wrote), so the pod's own is lost. Never bound there, never cancelled by us.
+            return await self.job_lost(pod, job_id, "it is not the pod's placeholder job")
         if job.is_finished:
             return DONE  # the workload controller ends the pod with its job
-        if not placeholder.is_placeholder_of(
-            str(job.raw.get("admin_comment") or ""),
-            self.config,
-            key=key,
-            uid=str(pod["metadata"]["uid"]),
-        ):
-            # A label someone else wrote: never bind where another job runs.
-            await podcontrol.set_unschedulable(
-                self.kube,
-                pod,
-                "NotBridgeJob",
-                f"Slurm job {job_id} in the pod's job-id label is not its placeholder job",
-            )
-            return DONE
         allocated = expand_hostlist(job.nodes) if job.is_running else []
         if job.is_pending:
             await self.follow_nodes(pod, job)
@@ -659,15 +668,19 @@ class SchedulerSync:
         self.forget(key)
         return DONE
 
-    async def job_lost(self, pod: JSON, job_id: int) -> Result:
-        """Slurm no longer knows the job of a pod that was never bound (slurmctld restarted
-        from state saved before the job was: Slurm's own loss, the pod never ran): the pod
-        loses the job-id label and comes back to be submitted again. No second live job can
-        result: Slurm answered that this one does not exist."""
+    async def job_lost(self, pod: JSON, job_id: int, why: str) -> Result:
+        """The job of a pod that was never bound is lost (`why`): Slurm no longer knows it
+        (slurmctld restarted from state saved before the job was: Slurm's own loss, the pod
+        never ran), or its id now names a job that is not the pod's (a job made after that
+        restart got it again). The pod loses the job-id label, and the job the scheduler
+        remembers for it, and comes back to be submitted again. No second live job of its
+        own can result: Slurm answered that the id is not its job."""
         key = placeholder.pod_key(pod)
         name, ns, uid = podcontrol.name_ns_uid(pod)
         self.forget(key)
-        message = f"Slurm no longer knows job {job_id} (slurmctld lost it); submitting again"
+        # Not to be labelled with it again, nor cancelled when the pod goes (not ours).
+        self.ledger.labelled(key, uid)
+        message = f"Slurm job {job_id}: {why}; submitting again"
         log.info("pod %s: %s", key, message)
         self.recorder.event(pod, events.WARNING, "SlurmJobLost", message, action="Schedule")
         try:
@@ -755,11 +768,8 @@ class SchedulerSync:
             job = await self.slurm.client.get_job(old)
         except errors.SlurmNotFound:
             return
-        if job.is_finished or not placeholder.is_placeholder_of(
-            str(job.raw.get("admin_comment") or ""),
-            self.config,
-            key=placeholder.pod_key(pod),
-            uid=str(pod["metadata"]["uid"]),
+        if job.is_finished or not placeholder.job_is_for(
+            job, self.config, key=placeholder.pod_key(pod), uid=placeholder.pod_uid(pod)
         ):
             return
         await self.slurm.client.cancel_job(old)

@@ -186,12 +186,7 @@ class WorkloadSync:
         """Whether the job is this scheduler's placeholder for pod `key`, by its
         admin_comment: a job-id label alone (anyone who may patch the pod can set one)
         never gets a job cancelled or a pod deleted."""
-        return job is not None and placeholder.is_placeholder_of(
-            str(job.raw.get("admin_comment") or ""),
-            self.config,
-            key=key,
-            uid=uid,
-        )
+        return job is not None and placeholder.job_is_for(job, self.config, key=key, uid=uid)
 
     async def cancel(
         self, job_id: int, key: str, why: str, uid: str = "", *, failed: bool = False
