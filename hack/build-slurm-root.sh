@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Build a Debian sid root file system holding Slurm 26.05 (slurmctld, slurmd, slurmrestd, the
-# client commands and the JWT plugin) plus etcd, and cache it as a zstd tarball.
+# Build a Debian sid root file system holding Slurm 26.05 (slurmctld, slurmd, slurmrestd,
+# slurmdbd with its MySQL plugin, sackd, the client commands, the JWT plugin, pam_slurm_adopt),
+# what login and compute pods need for users (sshd, SSSD with LDAP, nss extrausers) and the
+# test bed's site services (MariaDB, OpenLDAP), plus etcd; cache it as a zstd tarball.
 # The host's Debian is too old for Slurm's external jobs and the v0.0.44+ REST API.
 set -euo pipefail
 
@@ -8,7 +10,9 @@ CACHE="${SLINKY_CACHE:-$HOME/.cache/slinky}"
 MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 SUITE="${SLURM_SUITE:-sid}"
 TARBALL="$CACHE/slurm-root-$SUITE.tar.zst"
-PACKAGES="slurmctld slurmd slurmrestd slurm-client slurm-wlm-jwt-plugin systemd-standalone-sysusers etcd-server"
+PACKAGES="slurmctld slurmd slurmrestd slurm-client slurm-wlm-jwt-plugin systemd-standalone-sysusers etcd-server \
+slurmdbd slurm-wlm-mysql-plugin sackd libpam-slurm-adopt openssh-server openssh-client \
+sssd-ldap libnss-sss libpam-sss libnss-extrausers mariadb-server slapd ldap-utils"
 STAMP="$SUITE|$PACKAGES|v2"
 
 install_etcd() {
@@ -66,6 +70,16 @@ chroot "$root" /usr/bin/env DEBIAN_FRONTEND=noninteractive sh -c \
   > "$CACHE/slurm-root-apt.log" 2>&1 || { tail -30 "$CACHE/slurm-root-apt.log" >&2; exit 1; }
 chroot "$root" sh -c 'id restd >/dev/null 2>&1 || useradd --system --no-create-home --shell /usr/sbin/nologin restd'
 rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin
+# Host keys are the site's (a login pod gets them from a Secret): none are baked in, where
+# every cluster built from this image would share them. The packages' own databases go too.
+rm -f "$root"/etc/ssh/ssh_host_*
+rm -rf "$root"/var/lib/mysql/* "$root"/var/lib/ldap/* "$root"/etc/ldap/slapd.d/*
+# Users come from the files, then from a ConfigMap the chart mounts at /var/lib/extrausers,
+# then from a directory through SSSD (when its sidecar runs).
+sed -i -E 's/^(passwd|group|shadow):.*/\1: files extrausers sss/' "$root/etc/nsswitch.conf"
+# sshd in a container: no audit rights for pam_loginuid; a first login makes the home.
+sed -i -E 's/^session\s+required\s+pam_loginuid.so/session optional pam_loginuid.so/' "$root/etc/pam.d/sshd"
+echo 'session optional pam_mkhomedir.so umask=0077' >> "$root/etc/pam.d/sshd"
 
 for m in dev sys proc; do umount -l "$root/$m"; done
 chmod 755 "$root"

@@ -581,7 +581,7 @@ def test_jobs_are_isolated_by_cgroups_by_default_with_only_sys_admin_added(
     objs = render_values("slurm", values, tmp_path)
     conf = slurm_conf(objs)
     assert "ProctrackType=proctrack/cgroup" in conf
-    assert "TaskPlugin=task/cgroup,task/affinity" in conf
+    assert "TaskPlugin=task/cgroup" in conf
     cgroup_conf = one(objs, "ConfigMap", "slurm-config")["data"]["cgroup.conf"].split()
     for line in ("CgroupPlugin=autodetect", "ConstrainCores=yes", "ConstrainRAMSpace=yes"):
         assert line in cgroup_conf
@@ -848,7 +848,7 @@ def test_uninstall_drains_the_nodesets_before_anything_else_goes() -> None:
     assert not kinds(render("slurm", "cleanup.enabled=false"), "Job")
 
 
-def test_login_pods_run_sackd_against_slurmctld_with_only_the_key() -> None:
+def test_login_pods_run_sackd_against_slurmctld_and_only_sackd_has_the_key() -> None:
     objs = render("slurm", "login.enabled=true", "login.image.repository=site/slurm-login")
     login = one(objs, "Deployment", "slurm-login")["spec"]["template"]["spec"]
     container = login["containers"][0]
@@ -859,7 +859,12 @@ def test_login_pods_run_sackd_against_slurmctld_with_only_the_key() -> None:
         "--conf-server",
         "slurm-controller.slurm.svc.cluster.local:6817",
     ]
-    assert [m["mountPath"] for m in container["volumeMounts"]] == ["/etc/slurm/slurm.key"]
+    assert [m["mountPath"] for m in container["volumeMounts"]] == [
+        "/etc/slurm/slurm.key",
+        "/run/slurm",
+    ]
+    for other in login["containers"][1:]:
+        assert "/etc/slurm/slurm.key" not in [m["mountPath"] for m in other["volumeMounts"]]
 
 
 def test_accounting_runs_slurmdbd_against_the_database_named_and_points_slurmctld_at_it() -> None:

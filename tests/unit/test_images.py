@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import tarfile
@@ -14,6 +15,8 @@ import pytest
 
 from slinky_testbed import images
 from slinky_testbed.images import Entry, ImageConfig
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def sha(data: bytes) -> str:
@@ -264,3 +267,23 @@ def test_the_checked_in_lock_pins_the_project_dependencies_exactly() -> None:
             pinned[images.wheel_pin(f"{name.replace('-', '_')}-{version}-py3-none-any.whl")[0]]
             == version
         )
+
+
+def _build_script_packages() -> set[str]:
+    text = (REPO / "hack/build-slurm-root.sh").read_text()
+    m = re.search(r'^PACKAGES="([^"]*)"', text, re.M)
+    assert m, "PACKAGES= not found in hack/build-slurm-root.sh"
+    return set(m.group(1).replace("\\\n", " ").split())
+
+
+def _containerfile_packages() -> set[str]:
+    text = (REPO / "images/slurm/Containerfile").read_text().replace("\\\n", " ")
+    m = re.search(r"apt-get install -y --no-install-recommends (.*?)&&", text)
+    assert m, "apt-get install not found in images/slurm/Containerfile"
+    return set(m.group(1).split())
+
+
+def test_the_slurm_containerfile_installs_what_make_images_installs() -> None:
+    # etcd runs on the test bed's host (taken out of the same root); tini comes from the
+    # Python root in `make images`.
+    assert _containerfile_packages() - {"tini"} == _build_script_packages() - {"etcd-server"}

@@ -220,3 +220,159 @@ checksum/keys: {{ printf "%s/%s" (include "slurm.slurmKeyValue" .) (include "slu
 {{- define "slurm.slurmKeyChecksum" -}}
 checksum/slurm-key: {{ include "slurm.slurmKeyValue" . | sha256sum | trunc 16 | quote }}
 {{- end }}
+
+{{- /* A string for a POSIX shell, in single quotes. */ -}}
+{{- define "slurm.shQuote" -}}
+'{{ replace "'" "'\\''" (toString .) }}'
+{{- end }}
+
+{{- /* The database slurmdbd stores into: the one named, else the chart's MariaDB. */ -}}
+{{- define "slurm.dbHost" -}}
+{{- $a := .Values.accounting }}
+{{- if $a.storage.host }}{{ $a.storage.host }}
+{{- else if $a.mariadb.enabled }}{{ include "slurm.prefix" . }}-mariadb
+{{- else }}{{ fail "accounting.storage.host is required with accounting.enabled (or set accounting.mariadb.enabled=true for a database the chart runs)" }}
+{{- end }}
+{{- end }}
+
+{{- define "slurm.dbSecret" -}}
+{{- $a := .Values.accounting }}
+{{- if $a.storage.passwordSecretRef.name }}{{ $a.storage.passwordSecretRef.name }}
+{{- else if $a.mariadb.enabled }}{{ include "slurm.prefix" . }}-mariadb
+{{- else }}{{ fail "accounting.storage.passwordSecretRef.name is required with accounting.enabled (or set accounting.mariadb.enabled=true for a database the chart runs)" }}
+{{- end }}
+{{- end }}
+
+{{- /* The database password (base64), made once (24 letters and digits) when the chart's
+MariaDB makes its own Secret, else what the named Secret holds now. */ -}}
+{{- define "slurm.dbPasswordValue" -}}
+{{- $a := .Values.accounting }}
+{{- $own := and $a.mariadb.enabled (not $a.storage.passwordSecretRef.name) }}
+{{- $name := include "slurm.dbSecret" . }}
+{{- $key := $a.storage.passwordSecretRef.key }}
+{{- if not (hasKey .Values "__slinkyKeys") }}
+{{- $_ := set .Values "__slinkyKeys" dict }}
+{{- end }}
+{{- $cache := get .Values "__slinkyKeys" }}
+{{- $id := printf "%s/%s" $name $key }}
+{{- if not (hasKey $cache $id) }}
+{{- $old := lookup "v1" "Secret" .Release.Namespace $name }}
+{{- if and $old $old.data (index $old.data $key) }}
+{{- $_ := set $cache $id (index $old.data $key) }}
+{{- else if $own }}
+{{- $_ := set $cache $id (randAlphaNum 24 | b64enc) }}
+{{- else }}
+{{- $_ := set $cache $id "" }}
+{{- end }}
+{{- end }}
+{{- get $cache $id }}
+{{- end }}
+
+{{- define "slurm.dbPasswordChecksum" -}}
+checksum/db-password: {{ include "slurm.dbPasswordValue" . | sha256sum | trunc 16 | quote }}
+{{- end }}
+
+{{- /* Users and groups (nss extrausers) and the home claim: volumes and mounts shared by
+the controller, login, compute and hook pods. */ -}}
+{{- define "slurm.hasUsers" -}}
+{{- if or .Values.users .Values.groups }}true{{ end }}
+{{- end }}
+
+{{- define "slurm.userMounts" -}}
+{{- if include "slurm.hasUsers" . }}
+- {name: users, mountPath: /var/lib/extrausers, readOnly: true}
+{{- end }}
+{{- end }}
+
+{{- define "slurm.userVolumes" -}}
+{{- if include "slurm.hasUsers" . }}
+- name: users
+  configMap:
+    name: {{ include "slurm.prefix" . }}-users
+{{- end }}
+{{- end }}
+
+{{- /* The users' homes (login and compute pods). */ -}}
+{{- define "slurm.homeMounts" -}}
+{{- if .Values.homes.existingClaim }}
+- {name: homes, mountPath: /home}
+{{- end }}
+{{- end }}
+
+{{- define "slurm.homeVolumes" -}}
+{{- if .Values.homes.existingClaim }}
+- name: homes
+  persistentVolumeClaim:
+    claimName: {{ .Values.homes.existingClaim }}
+{{- end }}
+{{- end }}
+
+{{- /* sacctmgr `set` options: "k=v k2=v2", each shell-quoted. */ -}}
+{{- define "slurm.sacctSet" -}}
+{{- $out := list }}
+{{- range $k, $v := . }}{{ $out = append $out (include "slurm.shQuote" (printf "%s=%v" $k $v)) }}{{ end }}
+{{- join " " $out }}
+{{- end }}
+
+{{- /*
+dnsConfig of pods that talk to slurmd pods by their Slurm node names (slurmd forwarding a
+step to its peers, srun on a login pod): a NodeSet pod's name resolves in its NodeSet's
+headless Service (its subdomain), so every NodeSet's is searched.
+*/ -}}
+{{- define "slurm.nodesetDnsConfig" -}}
+{{- $searches := list }}
+{{- range (include "slurm.nodesets" . | fromJsonArray) }}
+{{- $searches = append $searches (printf "%s.%s.svc.%s" (include "slurm.nodesetName" (dict "root" $ "nodeset" .)) $.Release.Namespace $.Values.clusterDomain) }}
+{{- end }}
+{{- with $searches }}
+dnsConfig:
+  searches:
+    {{- toYaml . | nindent 4 }}
+{{- end }}
+{{- end }}
+
+{{- /* sshd's host key (base64): made once, read back from its Secret at every upgrade, so
+users never see "host key changed" after a rollout; one value per render. */ -}}
+{{- define "slurm.sshHostKey" -}}
+{{- if not (hasKey .Values "__slinkyKeys") }}
+{{- $_ := set .Values "__slinkyKeys" dict }}
+{{- end }}
+{{- $cache := get .Values "__slinkyKeys" }}
+{{- $name := printf "%s-ssh-host-keys" (include "slurm.prefix" .) }}
+{{- if not (hasKey $cache $name) }}
+{{- $old := lookup "v1" "Secret" .Release.Namespace $name }}
+{{- if and $old $old.data (index $old.data "ssh_host_ecdsa_key") }}
+{{- $_ := set $cache $name (index $old.data "ssh_host_ecdsa_key") }}
+{{- else }}
+{{- $_ := set $cache $name (genPrivateKey "ecdsa" | b64enc) }}
+{{- end }}
+{{- end }}
+{{- get $cache $name }}
+{{- end }}
+
+{{- /* sshd's mounts and volumes (login pods; NodeSet pods with compute.ssh.enabled). */ -}}
+{{- define "slurm.sshMounts" -}}
+- {name: ssh-config, mountPath: /etc/slinky-ssh, readOnly: true}
+- {name: ssh-host-keys, mountPath: /mnt/ssh-host-keys, readOnly: true}
+- {name: authorized-keys, mountPath: /etc/ssh/authorized-keys, readOnly: true}
+{{- end }}
+
+{{- define "slurm.sshVolumes" -}}
+- name: ssh-config
+  configMap:
+    name: {{ include "slurm.prefix" . }}-ssh
+- name: ssh-host-keys
+  secret:
+    secretName: {{ include "slurm.prefix" . }}-ssh-host-keys
+    defaultMode: 0600
+- name: authorized-keys
+  secret:
+    secretName: {{ include "slurm.prefix" . }}-authorized-keys
+    # Read by sshd's AuthorizedKeysCommandUser (nobody); public keys.
+    defaultMode: 0444
+    optional: true
+{{- end }}
+
+{{- define "slurm.sshChecksum" -}}
+checksum/ssh: {{ printf "%s/%s" (include "slurm.sshHostKey" .) .Values.login.extraSshdConfig | sha256sum | trunc 16 | quote }}
+{{- end }}

@@ -1,0 +1,381 @@
+"""A Slurm cluster a site hands its users, installed by the charts on the test bed's real nodes:
+accounting (slurmdbd on the chart's MariaDB), login pods with sshd, users from the values
+(nss extrausers), shared homes on a claim. One installation serves every check (the warm
+`make test` budget): users log in with SSH keys and run jobs as their own uid; sacct shows
+them; a user without an association is refused; the database down for a minute (slurmdbd
+waiting for it, a late database) loses no record and needs no human; host keys survive a
+login pod's restart and an upgrade."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import shlex
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from slinky.kube import rest
+from slinky_testbed import nodes
+from slinky_testbed.waiting import wait_for
+from tests.e2e.test_helm import (
+    CHARTS,
+    NODE_CONFIG,
+    PVS,
+    STATEFULSETS,
+    Install,
+    completed,
+    idle_nodes,
+    image,
+    install,
+    running,
+)
+
+pytestmark = pytest.mark.e2e
+
+JSON = dict[str, Any]
+ALICE_UID = 2001
+BOB_UID = 2002
+NO_ASSOCIATION = "Invalid account or account/partition combination specified"
+
+__all__ = ["install"]
+
+
+@dataclass
+class Site:
+    """The installation and what logs in to it."""
+
+    i: Install
+    keys: dict[str, Path]
+    known_hosts: Path
+
+    @property
+    def release(self) -> str:
+        return self.i.slurm_release
+
+    async def login_address(self) -> str:
+        svc = await self.i.kube.get(rest.SERVICES, f"{self.release}-login", self.i.slurm_ns)
+        return str(svc["spec"]["clusterIP"])
+
+    async def ssh(
+        self,
+        user: str,
+        command: str,
+        *,
+        check: bool = True,
+        strict: bool = False,
+        host: str | None = None,
+    ) -> tuple[int, str, str]:
+        """`command` run by `user` on a login pod, through the login Service (from inside the
+        test bed's network, where Service addresses route), or on `host`."""
+        argv = nodes.in_netns(
+            self.i.testbed.names(),
+            "ssh", "-i", str(self.keys[user]),
+            "-o", "BatchMode=yes",
+            "-o", "ConnectTimeout=10",
+            "-o", f"UserKnownHostsFile={self.known_hosts}",
+            "-o", f"StrictHostKeyChecking={'yes' if strict else 'accept-new'}",
+            "-o", "LogLevel=ERROR",
+            f"{user}@{host or await self.login_address()}",
+            command,
+        )  # fmt: skip
+        proc = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+        )
+        out, err = await asyncio.wait_for(proc.communicate(), 120)
+        rc = proc.returncode or 0
+        if check and rc != 0:
+            raise AssertionError(
+                f"ssh {user}: {command!r} exited {rc}:\n{out.decode()}\n{err.decode()}"
+            )
+        return rc, out.decode(), err.decode()
+
+    async def sbatch(self, user: str, *args: str) -> int:
+        _, out, _ = await self.ssh(user, "sbatch --parsable " + shlex.join(args))
+        return int(out.strip().split(";")[0])
+
+    async def sacct(self, user: str, job: int) -> dict[str, str]:
+        fields = "JobID,User,State,Elapsed,NodeList,Account"
+        _, out, _ = await self.ssh(user, f"sacct -X -n -P -j {job} -o {fields}")
+        rows = [line.split("|") for line in out.splitlines() if line.strip()]
+        return dict(zip(fields.split(","), rows[0], strict=True)) if rows else {}
+
+    async def recorded(self, user: str, job: int, timeout: float = 180) -> dict[str, str]:
+        """The job's accounting record once it says COMPLETED."""
+
+        async def done() -> dict[str, str] | None:
+            row = await self.sacct(user, job)
+            return row if row.get("State") == "COMPLETED" else None
+
+        return await wait_for(done, timeout=timeout, interval=2, what=f"sacct: {job} COMPLETED")
+
+    async def reachable(self, user: str, *, strict: bool = False) -> None:
+        """`user` logs in once the Service sends to a listening sshd (after a new login pod
+        turns Ready, kube-proxy may still send to the old one for a moment); any other
+        failure (a changed host key) fails at once."""
+
+        async def answered() -> tuple[int, str, str] | None:
+            got = await self.ssh(user, "true", check=False, strict=strict)
+            unreachable = got[0] == 255 and (
+                "Connection refused" in got[2] or "timed out" in got[2]
+            )
+            return None if unreachable else got
+
+        rc, out, err = await wait_for(answered, timeout=60, interval=1, what="sshd reachable")
+        assert rc == 0, f"ssh {user} exited {rc}:\n{out}\n{err}"
+
+    async def pod(self, component: str) -> JSON:
+        pods = await self.i.pods(
+            self.i.slurm_ns,
+            f"app.kubernetes.io/instance={self.release},app.kubernetes.io/component={component}",
+        )
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        assert len(live) == 1, [p["metadata"]["name"] for p in live]
+        return live[0]
+
+    async def ready(self, component: str, timeout: float = 180) -> JSON:
+        async def check() -> JSON | None:
+            with contextlib.suppress(AssertionError):
+                pod = await self.pod(component)
+                conds = {c["type"]: c["status"] for c in pod["status"].get("conditions", [])}
+                if conds.get("Ready") == "True":
+                    return pod
+            return None
+
+        return await wait_for(check, timeout=timeout, interval=1, what=f"{component} Ready")
+
+
+def keygen(path: Path) -> str:
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", path.name, "-f", str(path)],
+        check=True,
+    )
+    return path.with_suffix(".pub").read_text().strip()
+
+
+async def hostpath_pv(kube: rest.Kube, name: str, path: Path, mode: str, size: str) -> None:
+    await kube.create(
+        PVS,
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": name},
+            "spec": {
+                "storageClassName": name,
+                "capacity": {"storage": size},
+                "accessModes": [mode],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "hostPath": {"path": str(path), "type": "DirectoryOrCreate"},
+            },
+        },
+    )
+
+
+@pytest.fixture
+async def site(install: Install, tmp_path: Path) -> AsyncIterator[Site]:
+    """Keys for alice and bob, volumes for MariaDB and the homes; the PVs go afterwards."""
+    i = install
+    keys = {}
+    for user in ("alice", "bob"):
+        keys[user] = tmp_path / f"id_{user}"
+    pvs = {"db": f"{i.storage_class}-db", "homes": f"{i.storage_class}-homes"}
+    await hostpath_pv(i.kube, pvs["db"], tmp_path / "mariadb", "ReadWriteOnce", "1Gi")
+    homes = tmp_path / "homes"
+    await hostpath_pv(i.kube, pvs["homes"], homes, "ReadWriteMany", "1Gi")
+    await i.kube.create(
+        rest.PVCS,
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "homes"},
+            "spec": {
+                "storageClassName": pvs["homes"],
+                "accessModes": ["ReadWriteMany"],
+                "resources": {"requests": {"storage": "1Gi"}},
+            },
+        },
+        i.slurm_ns,
+    )
+    try:
+        yield Site(i, keys, tmp_path / "known_hosts")
+    finally:
+        for pv in pvs.values():
+            with contextlib.suppress(rest.ApiError):
+                await i.kube.delete(PVS, pv)
+
+
+def site_values(s: Site, public_keys: dict[str, str]) -> JSON:
+    i = s.i
+    return {
+        "image": {**image("slurm"), "pullPolicy": "IfNotPresent"},
+        "operator": {
+            "namespace": i.operator_ns,
+            "serviceAccountName": f"{i.operator_release}-slurm-operator",
+        },
+        "controller": {
+            "persistence": {
+                "storageClassName": i.storage_class,
+                "size": "1Gi",
+                "whenDeleted": "Delete",
+            },
+            "terminationGracePeriodSeconds": 10,
+        },
+        "cleanup": {"image": image("slinky")},
+        "accounting": {
+            "enabled": True,
+            "mariadb": {
+                "enabled": True,
+                "persistence": {"storageClassName": f"{i.storage_class}-db", "size": "1Gi"},
+            },
+            "enforce": "associations,limits,qos",
+            "accounts": [{"name": "physics", "description": "physics group"}],
+            "users": [{"name": "alice", "account": "physics"}],
+        },
+        "login": {"enabled": True},
+        "users": [
+            {"name": "alice", "uid": ALICE_UID, "sshAuthorizedKeys": [public_keys["alice"]]},
+            {"name": "bob", "uid": BOB_UID, "sshAuthorizedKeys": [public_keys["bob"]]},
+        ],
+        "groups": [{"name": "physics", "gid": 4000, "members": ["alice"]}],
+        "homes": {"existingClaim": "homes"},
+        "compute": {
+            "ssh": {"enabled": True},
+            "nodesetDefaults": {"nodeConfig": NODE_CONFIG, "terminationGracePeriodSeconds": 30},
+            "nodesets": [{"name": "batch", "replicas": 2}],
+        },
+    }
+
+
+async def test_a_site_cluster_with_accounting_login_users_and_homes(site: Site) -> None:
+    s, i = site, site.i
+    t0 = time.monotonic()
+    public = {user: keygen(path) for user, path in s.keys.items()}
+
+    await i.helm(
+        "install", i.crds_release, str(CHARTS / "slurm-operator-crds"), "-n", i.operator_ns,
+        "--take-ownership", "--wait",
+    )  # fmt: skip
+    await i.helm(
+        "install", i.operator_release, str(CHARTS / "slurm-operator"), "-n", i.operator_ns,
+        "-f", i.values_file("operator", {"operator": {"image": image("slinky")},
+                                         "metricsApi": {"enabled": False}}),
+        "--wait", "--timeout", "4m",
+    )  # fmt: skip
+    values = i.values_file("slurm", site_values(s, public))
+    # --wait: slurmctld's first start waits for slurmdbd and its database; the accounts hook
+    # runs after it.
+    await i.helm(
+        "install", i.slurm_release, str(CHARTS / "slurm"), "-n", i.slurm_ns, "-f", values,
+        "--wait", "--timeout", "8m",
+    )  # fmt: skip
+    i.timings["site install (accounting, login, accounts hook)"] = time.monotonic() - t0
+    await idle_nodes(i, "batch", 2)
+    await s.ready("login")
+    await s.reachable("alice")
+
+    # ------------------------------------------------ alice logs in and runs jobs as herself
+    _, out, _ = await s.ssh("alice", "id -u; id -gn; pwd; sinfo -h -p batch -o %D")
+    assert out.split() == [str(ALICE_UID), "alice", "/home/alice", "2"], out
+    job = await s.sbatch(
+        "alice", "-p", "batch", "-o", "job-%j.out", "--wrap", "id -un; id -u; hostname"
+    )
+    fields = await completed(i, job)
+    assert fields["UserId"] == f"alice({ALICE_UID})", fields
+    # Written on a compute pod, read on the login pod: the shared home.
+    _, out, _ = await s.ssh("alice", f"cat job-{job}.out")
+    assert out.split()[:2] == ["alice", str(ALICE_UID)], out
+    assert out.split()[2] == fields["NodeList"], out
+
+    # Two nodes, one step across pods (srun from the login pod).
+    _, out, _ = await s.ssh("alice", "srun -N2 -p batch hostname")
+    assert sorted(out.split()) == [f"{i.nodeset('batch')}-0", f"{i.nodeset('batch')}-1"], out
+
+    # ------------------------------------------------ SSH to a compute pod: only with a job
+    # there, and the login lands in the job's cgroups (pam_slurm_adopt).
+    busy, idle = f"{i.nodeset('batch')}-0", f"{i.nodeset('batch')}-1"
+    ips = {n: (await i.kube.get(rest.PODS, n, i.slurm_ns))["status"]["podIP"] for n in (busy, idle)}
+    held = await s.sbatch(
+        "alice", "-p", "batch", "-w", busy, "-o", "/dev/null", "--wrap", "sleep 20"
+    )
+    await running(i, held)
+    _, out, _ = await s.ssh("alice", "id -u; cat /proc/self/cgroup", host=ips[busy])
+    assert out.split()[0] == str(ALICE_UID) and f"job_{held}" in out, out
+    rc, out, err = await s.ssh("alice", "true", host=ips[idle], check=False)
+    assert rc != 0, (rc, out, err)
+    await completed(i, held)
+
+    record = await s.recorded("alice", job)
+    assert record["User"] == "alice" and record["Account"] == "physics", record
+    assert record["NodeList"] == fields["NodeList"], record
+    assert re.fullmatch(r"\d\d:\d\d:\d\d", record["Elapsed"]), record
+
+    # ------------------------------------------------ bob has no association: refused
+    rc, out, err = await s.ssh("bob", "sbatch -p batch --wrap true", check=False)
+    assert rc != 0 and NO_ASSOCIATION in err, (rc, out, err)
+    # Nor may bob read alice's home.
+    rc, _, _ = await s.ssh("bob", f"cat /home/alice/job-{job}.out", check=False)
+    assert rc != 0
+
+    # ------------------------------------------------ the database away for a minute
+    # MariaDB stops and slurmdbd restarts: it waits for the database (no crash loop) while
+    # slurmctld keeps scheduling; the record of a job that ended meanwhile arrives after.
+    await i.kube.patch(STATEFULSETS, f"{s.release}-mariadb", {"spec": {"replicas": 0}}, i.slurm_ns)
+    old_dbd = (await s.pod("accounting"))["metadata"]["name"]
+    await i.kube.delete(rest.PODS, old_dbd, i.slurm_ns)
+    down_at = time.monotonic()
+
+    async def dbd_waiting() -> bool:
+        with contextlib.suppress(AssertionError):
+            pod = await s.pod("accounting")
+            if pod["metadata"]["name"] != old_dbd and pod["status"].get("phase") == "Running":
+                log = i.kubectl("-n", i.slurm_ns, "logs", pod["metadata"]["name"], "-c", "slurmdbd")
+                return "not answering" in log
+        return False
+
+    await wait_for(dbd_waiting, timeout=120, interval=1, what="slurmdbd waiting for MariaDB")
+    during = await s.sbatch("alice", "-p", "batch", "-o", "/dev/null", "--wrap", "sleep 2")
+    await completed(i, during)
+
+    async def a_minute_passed() -> bool:
+        return time.monotonic() - down_at >= 60
+
+    await wait_for(a_minute_passed, timeout=90, interval=1, what="a minute without accounting")
+    await i.kube.patch(STATEFULSETS, f"{s.release}-mariadb", {"spec": {"replicas": 1}}, i.slurm_ns)
+    dbd = await s.ready("accounting", timeout=240)
+    assert dbd["status"]["containerStatuses"][0]["restartCount"] == 0, dbd["status"]
+    record = await s.recorded("alice", during, timeout=240)
+    assert record["State"] == "COMPLETED", record
+    i.timings["database back to the record of a job that ended meanwhile"] = (
+        time.monotonic() - down_at
+    )
+
+    # ------------------------------------------------ host keys kept across a restart
+    old_login = (await s.pod("login"))["metadata"]["name"]
+    await i.kube.delete(rest.PODS, old_login, i.slurm_ns)
+
+    async def new_login() -> bool:
+        pod = await s.ready("login")
+        return pod["metadata"]["name"] != old_login
+
+    await wait_for(new_login, timeout=180, interval=1, what="a new login pod Ready")
+    await s.reachable("alice", strict=True)
+
+    # ------------------------------------------------ helm upgrade: nothing users notice
+    login_before = (await s.pod("login"))["metadata"]["name"]
+    db_secret = await i.secret_data(i.slurm_ns, f"{s.release}-mariadb")
+    await i.helm(
+        "upgrade", i.slurm_release, str(CHARTS / "slurm"), "-n", i.slurm_ns, "-f", values,
+        "--wait", "--timeout", "5m",
+    )  # fmt: skip
+    assert await i.secret_data(i.slurm_ns, f"{s.release}-mariadb") == db_secret
+    assert (await s.pod("login"))["metadata"]["name"] == login_before
+    await s.reachable("alice", strict=True)
+    after = await s.sbatch("alice", "-p", "batch", "-o", "/dev/null", "--wrap", "true")
+    await completed(i, after)
+    i.timings["site test"] = time.monotonic() - t0
