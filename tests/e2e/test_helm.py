@@ -279,6 +279,47 @@ class Install:
         return left
 
 
+def bridge_chart_values(i: Install) -> JSON:
+    """The bridge chart's values for the test bed: its own scheduler name, the slurm
+    release's slurmrestd and JWT key, the jobs namespace managed, partition slurm-bridge."""
+    return {
+        "image": image("slinky"),
+        "sharedConfig": {
+            "schedulerName": f"{i.bridge_release}-scheduler",
+            "slurmRestApi": f"http://{i.slurm_release}-restapi.{i.slurm_ns}:6820",
+            "managedNamespaces": [i.jobs_ns],
+            "partition": "slurm-bridge",
+            # Slurm's node here is a slurmd pod, not the bridge's EXTERNAL registration:
+            # tainting the real node would evict the test bed's other pods.
+            "managedNodeTaint": {"enabled": False},
+            "slurmPollInterval": "500ms",
+        },
+        "slurmAuth": {"jwtKeySecretRef": {"name": f"{i.slurm_release}-jwt-key"}},
+    }
+
+
+def hello_pod() -> JSON:
+    """A pod that prints its hostname and ends."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "hello"},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 5,
+            "containers": [
+                {
+                    "name": "main",
+                    "image": nodes.image_ref("slurm"),
+                    "imagePullPolicy": "IfNotPresent",
+                    "args": ["sh", "-c", "echo hello from $(hostname)"],
+                    "resources": {"requests": {"cpu": "100m", "memory": "32Mi"}},
+                }
+            ],
+        },
+    }
+
+
 async def submit(install: Install, partition: str, seconds: int, *options: str) -> int:
     out = install.ctld(
         "sbatch",
@@ -502,20 +543,7 @@ async def test_helm_installs_operator_slurm_and_bridge_that_run_jobs_upgrade_and
     assert first["NodeList"] == f"{i.nodeset('batch')}-0"
     i.timings["operator + slurm install to first job COMPLETED"] = time.monotonic() - t0
 
-    bridge_values = {
-        "image": image("slinky"),
-        "sharedConfig": {
-            "schedulerName": f"{i.bridge_release}-scheduler",
-            "slurmRestApi": f"http://{i.slurm_release}-restapi.{i.slurm_ns}:6820",
-            "managedNamespaces": [i.jobs_ns],
-            "partition": "slurm-bridge",
-            # Slurm's node here is a slurmd pod, not the bridge's EXTERNAL registration:
-            # tainting the real node would evict the test bed's other pods.
-            "managedNodeTaint": {"enabled": False},
-            "slurmPollInterval": "500ms",
-        },
-        "slurmAuth": {"jwtKeySecretRef": {"name": f"{i.slurm_release}-jwt-key"}},
-    }
+    bridge_values = bridge_chart_values(i)
     start = time.monotonic()
     await i.helm(
         "install",
@@ -534,24 +562,7 @@ async def test_helm_installs_operator_slurm_and_bridge_that_run_jobs_upgrade_and
 
     # ------------------------------------------------ a pod of a managed namespace, via Slurm
     await idle_nodes(i, "slurm-bridge", 1)
-    hello = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "hello"},
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 5,
-            "containers": [
-                {
-                    "name": "main",
-                    "image": nodes.image_ref("slurm"),
-                    "imagePullPolicy": "IfNotPresent",
-                    "args": ["sh", "-c", "echo hello from $(hostname)"],
-                    "resources": {"requests": {"cpu": "100m", "memory": "32Mi"}},
-                }
-            ],
-        },
-    }
+    hello = hello_pod()
     await kube.create(rest.PODS, hello, i.jobs_ns)
 
     async def succeeded() -> JSON | None:

@@ -1,10 +1,12 @@
 """A Slurm cluster a site hands its users, installed by the charts on the test bed's real nodes:
-accounting (slurmdbd on the chart's MariaDB), login pods with sshd, users from the values
-(nss extrausers), shared homes on a claim. One installation serves every check (the warm
-`make test` budget): users log in with SSH keys and run jobs as their own uid; sacct shows
-them; a user without an association is refused; the database down for a minute (slurmdbd
-waiting for it, a late database) loses no record and needs no human; host keys survive a
-login pod's restart and an upgrade."""
+accounting (slurmdbd on the chart's MariaDB, enforced), login pods with sshd, users from the
+values (nss extrausers) and from a real OpenLDAP (SSSD sidecars), shared homes on a claim,
+SSH to compute pods with pam_slurm_adopt, and the bridge. One installation serves every check
+(the warm `make test` budget): users log in with SSH keys and run batch jobs and a 2-node
+srun as their own uid; sacct shows them and a bridge pod's placeholder job; a user without
+an association is refused; SSH to a compute pod works only with a job there and lands in its
+cgroup; the database away for a minute (slurmdbd waiting for it: a late database) loses no
+record and needs no human; host keys survive a login pod's restart and an upgrade."""
 
 from __future__ import annotations
 
@@ -21,8 +23,9 @@ from typing import Any
 
 import pytest
 
+from slinky.bridge.labels import SLURM_JOBID
 from slinky.kube import rest
-from slinky_testbed import nodes
+from slinky_testbed import ldap, nodes
 from slinky_testbed.waiting import wait_for
 from tests.e2e.test_helm import (
     CHARTS,
@@ -30,7 +33,9 @@ from tests.e2e.test_helm import (
     PVS,
     STATEFULSETS,
     Install,
+    bridge_chart_values,
     completed,
+    hello_pod,
     idle_nodes,
     image,
     install,
@@ -42,6 +47,15 @@ pytestmark = pytest.mark.e2e
 JSON = dict[str, Any]
 ALICE_UID = 2001
 BOB_UID = 2002
+# From the directory (slapd), not the values.
+DANA = ldap.User("dana", 5001, groups=("ldapusers",))
+DIRECTORY = ldap.Directory(users=(DANA,), groups={"ldapusers": 6000})
+KINDS = {
+    "Secret": rest.SECRETS,
+    "ConfigMap": rest.CONFIGMAPS,
+    "Service": rest.SERVICES,
+    "Deployment": rest.DEPLOYMENTS,
+}
 NO_ASSOCIATION = "Invalid account or account/partition combination specified"
 
 __all__ = ["install"]
@@ -202,6 +216,9 @@ async def site(install: Install, tmp_path: Path) -> AsyncIterator[Site]:
         },
         i.slurm_ns,
     )
+    keys["dana"] = tmp_path / "id_dana"
+    for obj in ldap.manifests(i.slurm_ns, nodes.image_ref("slurm"), DIRECTORY, "ldap-e2e-pw"):
+        await i.kube.create(KINDS[obj["kind"]], obj, i.slurm_ns)
     try:
         yield Site(i, keys, tmp_path / "known_hosts")
     finally:
@@ -235,9 +252,13 @@ def site_values(s: Site, public_keys: dict[str, str]) -> JSON:
             },
             "enforce": "associations,limits,qos",
             "accounts": [{"name": "physics", "description": "physics group"}],
-            "users": [{"name": "alice", "account": "physics"}],
+            "users": [
+                {"name": "alice", "account": "physics"},
+                {"name": DANA.name, "account": "physics"},
+            ],
         },
-        "login": {"enabled": True},
+        "login": {"enabled": True, "authorizedKeys": {DANA.name: [public_keys[DANA.name]]}},
+        "sssd": ldap.sssd_values(i.slurm_ns),
         "users": [
             {"name": "alice", "uid": ALICE_UID, "sshAuthorizedKeys": [public_keys["alice"]]},
             {"name": "bob", "uid": BOB_UID, "sshAuthorizedKeys": [public_keys["bob"]]},
@@ -247,7 +268,16 @@ def site_values(s: Site, public_keys: dict[str, str]) -> JSON:
         "compute": {
             "ssh": {"enabled": True},
             "nodesetDefaults": {"nodeConfig": NODE_CONFIG, "terminationGracePeriodSeconds": 30},
-            "nodesets": [{"name": "batch", "replicas": 2}],
+            "nodesets": [
+                {"name": "batch", "replicas": 2},
+                # The bridge's partition: a slurmd pod on the node the bridge schedules to.
+                {
+                    "name": "bridge",
+                    "replicas": 1,
+                    "nodeSelector": {"kubernetes.io/hostname": i.bridge_node},
+                    "partition": {"name": "slurm-bridge"},
+                },
+            ],
         },
     }
 
@@ -296,18 +326,45 @@ async def test_a_site_cluster_with_accounting_login_users_and_homes(site: Site) 
     _, out, _ = await s.ssh("alice", "srun -N2 -p batch hostname")
     assert sorted(out.split()) == [f"{i.nodeset('batch')}-0", f"{i.nodeset('batch')}-1"], out
 
+    # ------------------------------------------------ dana, from the directory, the same
+    # (SSSD on the login, slurmctld and compute pods: one uid everywhere).
+    _, out, _ = await s.ssh(DANA.name, "id -u; id -Gn; pwd")
+    assert out.split()[0] == str(DANA.uid) and "ldapusers" in out.split(), out
+    dana_job = await s.sbatch(
+        DANA.name, "-p", "batch", "-o", "job-%j.out", "--wrap", "id -un; id -u; id -Gn"
+    )
+    fields = await completed(i, dana_job)
+    assert fields["UserId"] == f"{DANA.name}({DANA.uid})", fields
+    _, out, _ = await s.ssh(DANA.name, f"cat job-{dana_job}.out")
+    assert out.split()[:2] == [DANA.name, str(DANA.uid)] and "ldapusers" in out.split(), out
+
     # ------------------------------------------------ SSH to a compute pod: only with a job
     # there, and the login lands in the job's cgroups (pam_slurm_adopt).
     busy, idle = f"{i.nodeset('batch')}-0", f"{i.nodeset('batch')}-1"
     ips = {n: (await i.kube.get(rest.PODS, n, i.slurm_ns))["status"]["podIP"] for n in (busy, idle)}
+    # The job runs until alice lets it end (a file in her shared home), so it is there for
+    # every login below however long they take, and still ends COMPLETED.
     held = await s.sbatch(
-        "alice", "-p", "batch", "-w", busy, "-o", "/dev/null", "--wrap", "sleep 20"
-    )
+        "alice", "-p", "batch", "-w", busy, "-o", "/dev/null", "-t", "5",
+        "--wrap", "while [ ! -e held.done ]; do sleep 0.5; done",
+    )  # fmt: skip
     await running(i, held)
     _, out, _ = await s.ssh("alice", "id -u; cat /proc/self/cgroup", host=ips[busy])
     assert out.split()[0] == str(ALICE_UID) and f"job_{held}" in out, out
+    # From the login pod, by node name, with a key of her own in her shared home.
+    _, out, _ = await s.ssh(
+        "alice",
+        "mkdir -p -m 700 .ssh && ssh-keygen -q -t ed25519 -N '' -f .ssh/id_ed25519"
+        " && cat .ssh/id_ed25519.pub >> .ssh/authorized_keys"
+        " && ssh -o BatchMode=yes -o StrictHostKeyChecking=accept-new"
+        f" {busy} cat /proc/self/cgroup",
+    )
+    assert f"job_{held}" in out, out
     rc, out, err = await s.ssh("alice", "true", host=ips[idle], check=False)
-    assert rc != 0, (rc, out, err)
+    assert rc == 255, (rc, out, err)
+    idle_log = i.kubectl("-n", i.slurm_ns, "logs", idle, "-c", "slurmd")
+    assert "Access denied for user alice by PAM account configuration" in idle_log, idle_log[-2000:]
+    await s.ssh("alice", "touch held.done")
     await completed(i, held)
 
     record = await s.recorded("alice", job)
@@ -319,8 +376,56 @@ async def test_a_site_cluster_with_accounting_login_users_and_homes(site: Site) 
     rc, out, err = await s.ssh("bob", "sbatch -p batch --wrap true", check=False)
     assert rc != 0 and NO_ASSOCIATION in err, (rc, out, err)
     # Nor may bob read alice's home.
-    rc, _, _ = await s.ssh("bob", f"cat /home/alice/job-{job}.out", check=False)
-    assert rc != 0
+    rc, _, err = await s.ssh("bob", f"cat /home/alice/job-{job}.out", check=False)
+    assert rc != 0 and "Permission denied" in err, (rc, err)
+
+    # ------------------------------------------------ a bridge pod's placeholder job in sacct
+    # The jobs namespace's pods run in Slurm as alice, charged to physics (the bridge's
+    # tenancy policy): with enforcement on, a user with an association.
+    bridge_values = bridge_chart_values(i)
+    bridge_values["sharedConfig"]["policy"] = {
+        "namespaces": {
+            i.jobs_ns: {
+                "users": [str(ALICE_UID)],
+                "groups": [str(ALICE_UID)],
+                "accounts": ["physics"],
+                "defaultAccount": "physics",
+            }
+        }
+    }
+    await i.helm(
+        "install", i.bridge_release, str(CHARTS / "slurm-bridge"), "-n", i.slurm_ns,
+        "-f", i.values_file("bridge", bridge_values), "--wait", "--timeout", "4m",
+    )  # fmt: skip
+    await idle_nodes(i, "slurm-bridge", 1)
+    await i.kube.create(rest.PODS, hello_pod(), i.jobs_ns)
+
+    async def hello_done() -> JSON | None:
+        pod = await i.kube.get(rest.PODS, "hello", i.jobs_ns)
+        return pod if (pod.get("status") or {}).get("phase") == "Succeeded" else None
+
+    try:
+        hello = await wait_for(hello_done, timeout=120, interval=0.5, what="bridge pod Succeeded")
+    except AssertionError:
+        pod = i.kubectl("-n", i.jobs_ns, "get", "pod", "hello", "-o", "yaml")
+        logs = i.kubectl(
+            "-n", i.slurm_ns, "logs", "--tail=80", "-l",
+            f"app.kubernetes.io/instance={i.bridge_release},app.kubernetes.io/component=scheduler",
+        )  # fmt: skip
+        raise AssertionError(f"bridge pod not Succeeded:\n{pod}\n{logs}") from None
+    placeholder = int(hello["metadata"]["labels"][SLURM_JOBID])
+
+    async def placeholder_recorded() -> list[str] | None:
+        out = i.ctld(
+            "sacct", "-X", "-n", "-P", "-j", str(placeholder), "-o", "JobName,User,Account,State"
+        )
+        row = out.strip().split("|")
+        return row if len(row) == 4 and row[3] not in ("PENDING", "RUNNING") else None
+
+    name, user, account, _ = await wait_for(
+        placeholder_recorded, timeout=120, interval=1, what="placeholder job in sacct"
+    )
+    assert (name, user, account) == (f"{i.jobs_ns}/hello", "alice", "physics")
 
     # ------------------------------------------------ the database away for a minute
     # MariaDB stops and slurmdbd restarts: it waits for the database (no crash loop) while

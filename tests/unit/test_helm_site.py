@@ -176,7 +176,8 @@ SITE_ACCOUNTS: JSON = {
 def apply_script(tmp_path: Path) -> str:
     objs = render_values("slurm", SITE_ACCOUNTS, tmp_path)
     cm = one(objs, "ConfigMap", "slurm-accounts")
-    assert cm["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    # The script is part of the release (there before the hook runs, gone on uninstall).
+    assert "helm.sh/hook" not in (cm["metadata"].get("annotations") or {})
     job = one(objs, "Job", "slurm-accounts")
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
     spec = pod_spec(job)
@@ -401,3 +402,142 @@ def test_the_entrypoint_puts_pam_slurm_adopt_in_sshds_account_stack() -> None:
     entrypoint = (CHARTS.parent / "images/slurm/slurm-entrypoint").read_text()
     assert "account required pam_slurm_adopt.so action_adopt_failure=deny" in entrypoint
     assert "@include common-account" in entrypoint
+
+
+# ---------------------------------------------------------------- users from a directory
+
+SSSD: JSON = {
+    "enabled": True,
+    "uri": "ldap://ldap.site",
+    "baseDn": "dc=site,dc=org",
+    "bindDn": "cn=reader,dc=site,dc=org",
+    "bindPasswordSecretRef": {"name": "ldap-reader"},
+}
+
+
+def test_sssd_runs_as_a_sidecar_wherever_users_are_resolved(tmp_path: Path) -> None:
+    values = {
+        "sssd": SSSD,
+        "login": {"enabled": True, "authorizedKeys": {"dana": ["ssh-ed25519 AAAA dana@x"]}},
+        "users": [ALICE],
+        "compute": {"nodesets": [{"name": "batch"}]},
+    }
+    objs = render_values("slurm", values, tmp_path)
+    conf = one(objs, "ConfigMap", "slurm-sssd")["data"]["sssd.conf"].splitlines()
+    for line in (
+        "ldap_uri = ldap://ldap.site",
+        "ldap_search_base = dc=site,dc=org",
+        "ldap_default_bind_dn = cn=reader,dc=site,dc=org",
+        "ldap_id_use_start_tls = true",
+        "ldap_tls_reqcert = demand",
+    ):
+        assert line in conf
+    # The password is not in the ConfigMap: the sidecar adds it from the Secret.
+    assert not [line for line in conf if "authtok" in line]
+    pods = {
+        "slurmctld": pod_spec(one(objs, "StatefulSet", "slurm-controller")),
+        "sshd": pod_spec(one(objs, "Deployment", "slurm-login")),
+        "slurmd": one(objs, "NodeSet", "slurm-compute-batch")["spec"]["template"]["spec"],
+    }
+    for main, spec in pods.items():
+        sidecar = next(c for c in spec["initContainers"] if c["name"] == "sssd")
+        assert sidecar["restartPolicy"] == "Always"
+        assert sidecar["env"][0]["valueFrom"]["secretKeyRef"] == {
+            "name": "ldap-reader",
+            "key": "password",
+        }
+        assert mounts(sidecar)["/var/lib/sss/pipes"] == "sssd-pipes"
+        assert mounts(container(spec, main))["/var/lib/sss/pipes"] == "sssd-pipes"
+        assert volumes(spec)["sssd-pipes"] == {"name": "sssd-pipes", "emptyDir": {}}
+    # Keys of directory users and of declared users, side by side.
+    keys = one(objs, "Secret", "slurm-authorized-keys")["stringData"]
+    assert keys == {"alice": "ssh-ed25519 AAAAC3 alice@x\n", "dana": "ssh-ed25519 AAAA dana@x\n"}
+    assert "sssd" not in [
+        c["name"]
+        for c in pod_spec(one(render("slurm"), "StatefulSet", "slurm-controller"))["initContainers"]
+    ]
+
+
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["sssd.enabled=true", "sssd.baseDn=dc=x"], "sssd.uri is required"),
+        (["sssd.enabled=true", "sssd.uri=ldap://x"], "sssd.baseDn is required"),
+        (
+            ["sssd.enabled=true", "sssd.uri=ldap://x", "sssd.baseDn=dc=x", "sssd.bindDn=cn=r"],
+            "sssd.bindPasswordSecretRef.name is required",
+        ),
+        (["sssd.uri=http://x"], "/sssd/uri"),
+    ],
+)
+def test_incomplete_sssd_values_are_refused_naming_the_key(sets: list[str], message: str) -> None:
+    assert message in failure(*sets)
+
+
+def test_shared_sockets_are_read_only_where_users_run(tmp_path: Path) -> None:
+    values = {
+        "sssd": SSSD,
+        "login": {"enabled": True},
+        "compute": {"ssh": {"enabled": True}, "nodesets": [{"name": "batch"}]},
+    }
+    objs = render_values("slurm", values, tmp_path)
+    login = pod_spec(one(objs, "Deployment", "slurm-login"))
+    nodeset = one(objs, "NodeSet", "slurm-compute-batch")["spec"]["template"]["spec"]
+    ro = {
+        (m["mountPath"], m.get("readOnly", False))
+        for c in (container(login, "sshd"), container(nodeset, "slurmd"))
+        for m in c["volumeMounts"]
+        if m["mountPath"] in ("/run/slurm", "/var/lib/sss/pipes")
+    }
+    assert ro == {("/run/slurm", True), ("/var/lib/sss/pipes", True)}
+    sidecar = container(login, "sssd")
+    assert "chmod 0755 /var/lib/sss/pipes" in sidecar["command"][4]
+    conf = one(objs, "ConfigMap", "slurm-sssd")["data"]["sssd.conf"]
+    assert "min_id = 1000" in conf.splitlines()
+    # A new sssd configuration restarts the login pod, not the NodeSet pods.
+    login_obj = one(objs, "Deployment", "slurm-login")
+    assert "checksum/sssd" in login_obj["spec"]["template"]["metadata"]["annotations"]
+    assert (
+        "checksum/sssd"
+        not in one(objs, "NodeSet", "slurm-compute-batch")["spec"]["template"]["metadata"][
+            "annotations"
+        ]
+    )
+
+
+def test_users_with_slurm_users_uid_range_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "v.yaml"
+    path.write_text(yaml.safe_dump({"users": [{"name": "eve", "uid": 64030}]}))
+    out = helm("template", "x", str(CHARTS / "slurm"), "-f", str(path), check=False)
+    assert "/users/0/uid" in out.stderr, out.stderr
+
+
+def test_hybrid_mode_renders_what_nodeset_pods_mount(tmp_path: Path) -> None:
+    values = {
+        "external": {"enabled": True, "controllerHost": "ctld", "restapiUrl": "http://r:6820"},
+        "slurmKey": {"existingSecret": "k"},
+        "jwtKey": {"existingSecret": "j"},
+        "users": [ALICE],
+        "sssd": SSSD,
+        "compute": {"ssh": {"enabled": True}, "nodesets": [{"name": "batch"}]},
+    }
+    objs = render_values("slurm", values, tmp_path)
+    spec = one(objs, "NodeSet", "slurm-compute-batch")["spec"]["template"]["spec"]
+    names = {o["metadata"]["name"] for o in objs if o["kind"] in ("ConfigMap", "Secret")}
+    for v in spec["volumes"]:
+        ref = (v.get("configMap") or {}).get("name") or (v.get("secret") or {}).get("secretName")
+        if ref and ref not in ("k", "j") and not (v.get("secret") or {}).get("optional"):
+            assert ref in names, (v, names)
+
+
+def test_ssh_to_compute_pods_needs_cgroup_isolation() -> None:
+    err = failure("compute.ssh.enabled=true", "slurmConfig.jobIsolation=none")
+    assert "compute.ssh.enabled needs slurmConfig.jobIsolation cgroup" in err
+
+
+def test_a_user_named_like_a_yaml_boolean_keeps_its_key_file_name(tmp_path: Path) -> None:
+    values = {"login": {"enabled": True, "authorizedKeys": {"on": ["ssh-ed25519 AAAA on@x"]}}}
+    objs = render_values("slurm", values, tmp_path)
+    assert one(objs, "Secret", "slurm-authorized-keys")["stringData"] == {
+        "on": "ssh-ed25519 AAAA on@x\n"
+    }

@@ -282,6 +282,7 @@ the controller, login, compute and hook pods. */ -}}
 {{- if include "slurm.hasUsers" . }}
 - {name: users, mountPath: /var/lib/extrausers, readOnly: true}
 {{- end }}
+{{- include "slurm.sssdMounts" . }}
 {{- end }}
 
 {{- define "slurm.userVolumes" -}}
@@ -290,6 +291,7 @@ the controller, login, compute and hook pods. */ -}}
   configMap:
     name: {{ include "slurm.prefix" . }}-users
 {{- end }}
+{{- include "slurm.sssdVolumes" . }}
 {{- end }}
 
 {{- /* The users' homes (login and compute pods). */ -}}
@@ -374,5 +376,110 @@ users never see "host key changed" after a rollout; one value per render. */ -}}
 {{- end }}
 
 {{- define "slurm.sshChecksum" -}}
-checksum/ssh: {{ printf "%s/%s" (include "slurm.sshHostKey" .) .Values.login.extraSshdConfig | sha256sum | trunc 16 | quote }}
+checksum/ssh: {{ printf "%s/%s" (include "slurm.sshHostKey" .) (include "slurm.sshdConfig" .) | sha256sum | trunc 16 | quote }}
+{{- end }}
+
+{{- /* The sidecar reads sssd.conf and the bind password at start: a change restarts the
+pods that run it (NodeSet pods take it at their next roll: not worth draining them for). */ -}}
+{{- define "slurm.sssdChecksum" -}}
+{{- if .Values.sssd.enabled }}
+checksum/sssd: {{ toJson .Values.sssd | sha256sum | trunc 16 | quote }}
+{{- end }}
+{{- end }}
+
+{{- /*
+The SSSD sidecar (a native sidecar: an init container that keeps running), for pods that
+resolve users from the directory; the pod's other containers reach it through its NSS socket
+(/var/lib/sss/pipes, shared). It starts, and answers, before they do.
+*/ -}}
+{{- define "slurm.sssdSidecar" -}}
+{{- $s := .Values.sssd }}
+{{- if $s.enabled }}
+- name: sssd
+  image: {{ include "slurm.image" (dict "root" . "image" $s.image) }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  restartPolicy: Always
+  {{- if $s.bindDn }}
+  env:
+    - name: BIND_PASSWORD
+      valueFrom:
+        secretKeyRef:
+          name: {{ $s.bindPasswordSecretRef.name }}
+          key: {{ $s.bindPasswordSecretRef.key }}
+  {{- end }}
+  command:
+    - /usr/bin/tini
+    - --
+    - /bin/sh
+    - -ec
+    - |
+      umask 077
+      # The shared socket directory starts empty (and mode 0777): root's alone, and sssd's
+      # private one goes back in.
+      chmod 0755 /var/lib/sss/pipes
+      mkdir -p /var/lib/sss/pipes/private
+      cp /mnt/sssd/sssd.conf /etc/sssd/sssd.conf
+      if [ -n "${BIND_PASSWORD:-}" ]; then
+        printf 'ldap_default_authtok = %s\n' "$BIND_PASSWORD" >> /etc/sssd/sssd.conf
+      fi
+      exec sssd -i --logger=stderr
+  startupProbe:
+    exec:
+      command: ["test", "-S", "/var/lib/sss/pipes/nss"]
+    periodSeconds: 1
+    failureThreshold: 120
+  {{- with $s.resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  volumeMounts:
+    - {name: sssd-config, mountPath: /mnt/sssd, readOnly: true}
+    - {name: sssd-pipes, mountPath: /var/lib/sss/pipes}
+{{- end }}
+{{- end }}
+
+{{- define "slurm.sssdMounts" -}}
+{{- if .Values.sssd.enabled }}
+# Read-only: users here must not replace the socket root's lookups go to.
+- {name: sssd-pipes, mountPath: /var/lib/sss/pipes, readOnly: true}
+{{- end }}
+{{- end }}
+
+{{- define "slurm.sssdVolumes" -}}
+{{- if .Values.sssd.enabled }}
+- name: sssd-config
+  configMap:
+    name: {{ include "slurm.prefix" . }}-sssd
+- name: sssd-pipes
+  emptyDir: {}
+{{- end }}
+{{- end }}
+
+{{- /* sshd_config of login pods (and NodeSet pods with compute.ssh.enabled). */ -}}
+{{- define "slurm.sshdConfig" -}}
+# Rendered by the slurm chart (login.*); add lines with login.extraSshdConfig (sshd keeps
+# the first value it reads: they cannot override a setting made here).
+Port 22
+HostKey /etc/ssh/host-keys/ssh_host_ecdsa_key
+PermitRootLogin no
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PubkeyAuthentication yes
+# Keys from the Secret {{ include "slurm.prefix" . }}-authorized-keys (users[].sshAuthorizedKeys,
+# login.authorizedKeys), one file per user, and the user's own ~/.ssh/authorized_keys (in
+# the shared home: how a user goes on from a login pod to a compute pod).
+AuthorizedKeysFile .ssh/authorized_keys
+AuthorizedKeysCommand /usr/bin/cat /etc/ssh/authorized-keys/%u
+AuthorizedKeysCommandUser nobody
+UsePAM yes
+PrintMotd no
+X11Forwarding no
+AllowTcpForwarding no
+AllowAgentForwarding no
+AllowStreamLocalForwarding no
+PermitTunnel no
+Subsystem sftp /usr/lib/openssh/sftp-server
+{{- with .Values.login.extraSshdConfig }}
+{{ . }}
+{{- end }}
 {{- end }}
