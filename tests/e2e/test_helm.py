@@ -413,6 +413,26 @@ async def nothing_left(install: Install, namespace: str, release: str) -> None:
         ) from None
 
 
+async def hostpath_pv(kube: rest.Kube, name: str, path: Path, mode: str, size: str) -> None:
+    """A PV on a host directory (every real node of the test bed shares the host's file
+    system, so ReadWriteMany holds), of its own StorageClass `name`."""
+    await kube.create(
+        PVS,
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": name},
+            "spec": {
+                "storageClassName": name,
+                "capacity": {"storage": size},
+                "accessModes": [mode],
+                "persistentVolumeReclaimPolicy": "Retain",
+                "hostPath": {"path": str(path), "type": "DirectoryOrCreate"},
+            },
+        },
+    )
+
+
 @pytest.fixture
 async def install(
     kube: rest.Kube, testbed: Testbed, operator: OperatorProcess, namespace: str, tmp_path: Path
@@ -435,22 +455,7 @@ async def install(
     )
     for ns in (inst.operator_ns, inst.jobs_ns):
         await kube.create(rest.NAMESPACES, {"metadata": {"name": ns}})
-    state_dir = tmp_path / "statesave"
-    await kube.create(
-        PVS,
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": inst.storage_class},
-            "spec": {
-                "storageClassName": inst.storage_class,
-                "capacity": {"storage": "1Gi"},
-                "accessModes": ["ReadWriteOnce"],
-                "persistentVolumeReclaimPolicy": "Retain",
-                "hostPath": {"path": str(state_dir), "type": "DirectoryOrCreate"},
-            },
-        },
-    )
+    await hostpath_pv(kube, inst.storage_class, tmp_path / "statesave", "ReadWriteOnce", "1Gi")
     await kube.patch(
         rest.NODES,
         bridge_node,

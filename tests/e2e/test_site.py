@@ -36,6 +36,7 @@ from tests.e2e.test_helm import (
     bridge_chart_values,
     completed,
     hello_pod,
+    hostpath_pv,
     idle_nodes,
     image,
     install,
@@ -171,24 +172,6 @@ def keygen(path: Path) -> str:
         check=True,
     )
     return path.with_suffix(".pub").read_text().strip()
-
-
-async def hostpath_pv(kube: rest.Kube, name: str, path: Path, mode: str, size: str) -> None:
-    await kube.create(
-        PVS,
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": name},
-            "spec": {
-                "storageClassName": name,
-                "capacity": {"storage": size},
-                "accessModes": [mode],
-                "persistentVolumeReclaimPolicy": "Retain",
-                "hostPath": {"path": str(path), "type": "DirectoryOrCreate"},
-            },
-        },
-    )
 
 
 @pytest.fixture
