@@ -290,3 +290,54 @@ async def test_a_nudge_never_writes_a_cached_comment_onto_a_job_that_took_its_id
     assert slurm.cancelled == [7]
     assert slurm.jobs[8]["admin_comment"] == theirs, "another job's admin_comment overwritten"
     assert slurm.updates == []
+
+
+async def test_a_bound_pod_whose_job_id_was_given_to_another_job_loses_its_pod() -> None:
+    """The chaos soak's gang: bound on job 7; slurmctld, killed, came back from state saved
+    before job 7 and gave 7 to another pod's job, RUNNING elsewhere. The pod runs where no
+    job of its own holds the node: it goes (as when Slurm lost its job); the other job is
+    never cancelled."""
+    sync, slurm, kube, _pods, changed = setup()
+    sync.watch.track(7)
+    await sync.watch.read(7)  # the watch's read of the pod's own job 7
+    other = make_pod("other", "u2")
+    slurm.jobs[7] = {
+        "job_id": 7,
+        "job_state": ["RUNNING"],  # the same state: only the comment tells the change
+        "nodes": "n2",
+        "admin_comment": placeholder.admin_comment([other], CONFIG),
+    }
+    changed.clear()
+    await sync.watch.read(7)
+    assert changed == [7], "a read of another job under the same id is a change"
+    await sync.reconcile("ns/p")
+    assert kube.deleted == ["ns/p"]
+    assert slurm.cancelled == []
+
+
+async def test_a_bound_pods_job_under_a_changed_bridge_identity_is_still_its_own() -> None:
+    """The bridge's scheduler name or cluster id changed while the pod ran: its job's
+    comment still names the pod by name and UID, so the pod stays (no config change ever
+    takes a running pod for one that lost its job)."""
+    sync, slurm, kube, pods, _changed = setup()
+    pod = pods.get("ns/p")
+    assert pod is not None
+    slurm.jobs[7]["admin_comment"] = placeholder.admin_comment(
+        [pod], replace(CONFIG, cluster_id="before-the-change")
+    )
+    await sync.reconcile("ns/p")
+    assert kube.deleted == []
+    assert slurm.cancelled == []
+
+
+async def test_a_bound_pod_is_not_deleted_on_a_stale_read_of_another_job() -> None:
+    """Only a fresh read may say the id names another job: a cached one may be of a job the
+    id named before the pod's."""
+    sync, slurm, kube, _pods, _changed = setup()
+    sync.watch.track(7)
+    slurm.jobs[7]["admin_comment"] = placeholder.admin_comment([make_pod("old", "u0")], CONFIG)
+    await sync.watch.read(7)  # cached: another job's comment
+    pod = _pods.get("ns/p")
+    slurm.jobs[7]["admin_comment"] = placeholder.admin_comment([pod], CONFIG)  # type: ignore[list-item]
+    await sync.reconcile("ns/p")
+    assert kube.deleted == []

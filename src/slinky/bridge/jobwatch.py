@@ -77,13 +77,20 @@ PASS_LOOK_AFTER_S = 0.03
 PASS_LOOKS = 2
 
 
-def _significant(job: Job | None) -> tuple[tuple[str, ...], str, str] | None:
+def _significant(job: Job | None) -> tuple[tuple[str, ...], str, str, str] | None:
     """What of a job the pods follow: its state, its nodes and, while it is pending, Slurm's
     reason (the pod's PodScheduled condition names it; a CI run saw it stay Priority after
-    Slurm had moved on to Resources)."""
+    Slurm had moved on to Resources); and whose job it is (admin_comment): slurmctld
+    restarted from state saved before its last submissions gives their ids to new jobs,
+    and a read of another job under the same id, even in the same state, is a change."""
     if job is None:
         return None
-    return (tuple(job.state), job.nodes, job.state_reason if job.is_pending else "")
+    return (
+        tuple(job.state),
+        job.nodes,
+        job.state_reason if job.is_pending else "",
+        str(job.raw.get("admin_comment") or ""),
+    )
 
 
 def _wall() -> float:

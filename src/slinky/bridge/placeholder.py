@@ -224,6 +224,20 @@ def job_is_for(job: Job, config: BridgeConfig, *, key: str, uid: str = "") -> bo
     return not uid or not recorded or recorded == uid
 
 
+def names_another_pod(job: Job, *, key: str, uid: str) -> bool:
+    """Whether `job` is, by its admin_comment, a placeholder job of the bridge's format made
+    for pods other than pod `key` (UID `uid`), or has no such comment at all: taken by a
+    bound pod's job id, the pod's own job is gone (its id given again after a slurmctld
+    restart). Unlike `job_is_for`, a comment naming this very pod under another scheduler
+    name or cluster id (the bridge's own identity changed) still counts as the pod's: a
+    changed config never takes a running pod for one that lost its job."""
+    comment = read_comment(str(job.raw.get("admin_comment") or ""))
+    if comment is None or key not in comment.pods:
+        return True
+    recorded = comment.pods[key]
+    return bool(uid and recorded and recorded != uid)
+
+
 def identity(pod: JSON, config: BridgeConfig) -> policy.Identity:
     """Who the pod's job runs as and what it names, by the policy rule of the pod's
     namespace and ServiceAccount; PlaceholderProblem `PolicyDenied` naming the rule."""

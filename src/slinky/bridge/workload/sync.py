@@ -252,6 +252,15 @@ class WorkloadSync:
         bound = bool(podcontrol.node_of(pod))
         if job is None and not bound:
             return DONE  # lost by slurmctld before the pod started: the scheduler resubmits
+        key, uid = placeholder.pod_key(pod), str(pod["metadata"].get("uid") or "")
+        if bound and job is not None and placeholder.names_another_pod(job, key=key, uid=uid):
+            # The id now names a job that is not the pod's: slurmctld restarted from state
+            # saved before the pod's job and gave the id to a new one. The pod's own job
+            # is gone (as if Slurm no longer knew it); the other job is never touched.
+            fresh = await self.watch.read(job_id)
+            if fresh is not None and placeholder.names_another_pod(fresh, key=key, uid=uid):
+                return await self.lost_to_another_job(pod, job_id)
+            job = fresh
         if job is not None and not job.is_finished and not (bound and lost_its_node(job)):
             return DONE
         if job is not None and not job.is_finished:
@@ -260,8 +269,7 @@ class WorkloadSync:
             job = await self.watch.read(job_id)
             if job is not None and not job.is_finished and not lost_its_node(job):
                 return DONE
-        key = placeholder.pod_key(pod)
-        if job is not None and not self.owns(job, key, str(pod["metadata"].get("uid") or "")):
+        if job is not None and not self.owns(job, key, uid):
             self.recorder.event(
                 pod,
                 events.WARNING,
@@ -282,6 +290,22 @@ class WorkloadSync:
                 f"{podcontrol.node_of(pod)}, where the pod runs; deleting the pod (its job "
                 "is cancelled once the pod stopped)"
             )
+        log.info("pod %s: %s", key, message)
+        self.recorder.event(pod, events.WARNING, "SlurmJobEnded", message, action="Delete")
+        await podcontrol.delete(self.kube, pod)
+        return DONE
+
+    async def lost_to_another_job(self, pod: JSON, job_id: int) -> Result:
+        """A bound pod whose job id names another job now: it runs where no job of its own
+        holds the node, so it goes, as when Slurm lost its job (its job was Slurm's loss;
+        nothing is cancelled: the job under that id is someone else's)."""
+        if not await self.still_names(pod, job_id):
+            return DONE  # relabelled meanwhile
+        key = placeholder.pod_key(pod)
+        message = (
+            f"Slurm job {job_id} is no longer this pod's (slurmctld restarted from older saved "
+            "state and gave the id to another job): its own job is gone; deleting the pod"
+        )
         log.info("pod %s: %s", key, message)
         self.recorder.event(pod, events.WARNING, "SlurmJobEnded", message, action="Delete")
         await podcontrol.delete(self.kube, pod)
