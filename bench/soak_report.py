@@ -242,10 +242,16 @@ def judge_pod(
         return Verdict(
             key, POD_SLURM, f"its job {lost[0]} was lost by slurmctld's kill -9", evidence
         )
-    # slurmctld came back from a kill -9 with state saved before the job's allocation: the
-    # job PENDING again, its pod running on a node Slurm gives to others. The bridge deletes
-    # the pod (event SlurmJobEnded "... no longer holds node"): Slurm's loss, not ours.
-    unallocated = any("no longer holds node" in e for e in events.get(pod.name, []))
+    # slurmctld came back from a kill -9 with state saved before the job's allocation (the
+    # job PENDING again, its pod running on a node Slurm gives to others), or before the job
+    # itself (Slurm no longer knows it, or gave its id to a new job). The bridge deletes the
+    # pod (event SlurmJobEnded "... no longer holds node" / "no longer known to Slurm" / "no
+    # longer this pod's"): Slurm's loss, not ours.
+    unallocated = any(
+        marker in e
+        for e in events.get(pod.name, [])
+        for marker in ("no longer holds node", "no longer known to Slurm", "no longer this pod's")
+    )
     kills = [
         t
         for t in soak.slurmctld_kills
@@ -256,7 +262,8 @@ def judge_pod(
             key,
             POD_SLURM,
             f"slurmctld, killed -9 at {soak.rel(kills[0])}, came back without its job's "
-            "allocation; the bridge deleted the pod, which ran where Slurm no longer held a node",
+            "allocation (or without the job); the bridge deleted the pod, which ran where Slurm "
+            "no longer held a node for it",
             evidence,
         )
     end = pod.finished_at or pod.gone_at or time.time()

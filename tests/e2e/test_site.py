@@ -308,6 +308,13 @@ async def test_a_site_cluster_with_accounting_login_users_and_homes(site: Site) 
     # Two nodes, one step across pods (srun from the login pod).
     _, out, _ = await s.ssh("alice", "srun -N2 -p batch hostname")
     assert sorted(out.split()) == [f"{i.nodeset('batch')}-0", f"{i.nodeset('batch')}-1"], out
+    # An allocation with salloc, a step in it, and squeue showing her own job meanwhile.
+    _, out, _ = await s.ssh(
+        "alice",
+        "salloc -N1 -p batch sh -c 'srun id -un; squeue -h -u alice -o %i:%u:%T'",
+    )
+    lines = out.split()
+    assert lines[0] == "alice" and any(line.endswith(":alice:RUNNING") for line in lines), out
 
     # ------------------------------------------------ dana, from the directory, the same
     # (SSSD on the login, slurmctld and compute pods: one uid everywhere).

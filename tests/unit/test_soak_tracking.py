@@ -96,3 +96,28 @@ def test_a_breach_spanning_a_second_slurmctld_kill_gets_its_grace_from_the_last_
     assert watch.allowed_until(misbound, first, now=132.7) == 146.6  # the second restarts it
     far = InvariantWatch([10.0])  # a kill long before: no extra grace
     assert far.allowed_until(misbound, first, now=110.0) == first + misbound.grace_s
+
+
+def test_a_bridge_pod_deleted_because_a_slurmctld_kill_lost_its_job_is_slurms(
+    tmp_path: Path,
+) -> None:
+    """Soak run 14b: slurmctld killed -9 came back from state saved before a gang's and a
+    pod's jobs: one job unknown, the other's id given to another pod's job. The bridge
+    deleted the pods (their jobs were gone): Slurm's loss. Without a kill near, the same
+    deletion is ours."""
+    from bench.soak_report import POD_BAD, POD_SLURM, judge_pod
+    from bench.soak_state import BridgePod
+
+    s = soak(tmp_path)
+    s.slurmctld_kills.append(146.5)
+    for message in (
+        "SlurmJobEnded: Slurm job 10 is no longer known to Slurm: deleting the pod",
+        "SlurmJobEnded: Slurm job 9 is no longer this pod's (slurmctld restarted from older "
+        "saved state and gave the id to another job): its own job is gone; deleting the pod",
+    ):
+        pod = BridgePod("p3", "", 26, False, created_at=135.5, bound_at=145.7, gone_at=157.8)
+        verdict = judge_pod(s, pod, {"p3": [message]}, {})
+        assert verdict.verdict == POD_SLURM, verdict
+        s.slurmctld_kills.clear()
+        assert judge_pod(s, pod, {"p3": [message]}, {}).verdict == POD_BAD
+        s.slurmctld_kills.append(146.5)
