@@ -179,7 +179,8 @@ app.kubernetes.io/component: {{ .component }}
 The value (base64) of one of the chart's keys, the same in every template of one render: read
 back from its Secret (lookup), else made once and kept in a per-render cache, so the Secret
 and the checksums of the pods that read it agree. For an existingSecret, what it holds now.
-Args: root, name (the Secret), key, size (bytes to make).
+Args: root, name (the Secret), key, size (bytes to make), make ("bytes", the default;
+"alnum": `size` letters and digits; "ecdsa": a PEM private key).
 */ -}}
 {{- define "slurm.keyValue" -}}
 {{- if not (hasKey .root.Values "__slinkyKeys") }}
@@ -195,6 +196,10 @@ Args: root, name (the Secret), key, size (bytes to make).
 {{- $_ := set $cache $id "" }}
 {{- else if and .root.Release.IsUpgrade .keep }}
 {{- fail (printf "Secret %s (key %s) is gone: a new key would cut every running slurmd off slurmctld and their jobs would die. Restore the Secret, or set slurmKey.regenerate=true to make a new key knowingly (slurmctld restarts, the slurmd pods roll; jobs running on the old key are lost)" .name .key) }}
+{{- else if eq (default "bytes" .make) "alnum" }}
+{{- $_ := set $cache $id (randAlphaNum .size | b64enc) }}
+{{- else if eq (default "bytes" .make) "ecdsa" }}
+{{- $_ := set $cache $id (genPrivateKey "ecdsa" | b64enc) }}
 {{- else }}
 {{- /* randBytes gives base64 of that many random bytes */ -}}
 {{- $_ := set $cache $id (randBytes .size) }}
@@ -248,24 +253,7 @@ MariaDB makes its own Secret, else what the named Secret holds now. */ -}}
 {{- define "slurm.dbPasswordValue" -}}
 {{- $a := .Values.accounting }}
 {{- $own := and $a.mariadb.enabled (not $a.storage.passwordSecretRef.name) }}
-{{- $name := include "slurm.dbSecret" . }}
-{{- $key := $a.storage.passwordSecretRef.key }}
-{{- if not (hasKey .Values "__slinkyKeys") }}
-{{- $_ := set .Values "__slinkyKeys" dict }}
-{{- end }}
-{{- $cache := get .Values "__slinkyKeys" }}
-{{- $id := printf "%s/%s" $name $key }}
-{{- if not (hasKey $cache $id) }}
-{{- $old := lookup "v1" "Secret" .Release.Namespace $name }}
-{{- if and $old $old.data (index $old.data $key) }}
-{{- $_ := set $cache $id (index $old.data $key) }}
-{{- else if $own }}
-{{- $_ := set $cache $id (randAlphaNum 24 | b64enc) }}
-{{- else }}
-{{- $_ := set $cache $id "" }}
-{{- end }}
-{{- end }}
-{{- get $cache $id }}
+{{- include "slurm.keyValue" (dict "root" . "name" (include "slurm.dbSecret" .) "key" $a.storage.passwordSecretRef.key "size" 24 "make" "alnum" "existing" (not $own)) }}
 {{- end }}
 
 {{- define "slurm.dbPasswordChecksum" -}}
@@ -336,20 +324,7 @@ dnsConfig:
 {{- /* sshd's host key (base64): made once, read back from its Secret at every upgrade, so
 users never see "host key changed" after a rollout; one value per render. */ -}}
 {{- define "slurm.sshHostKey" -}}
-{{- if not (hasKey .Values "__slinkyKeys") }}
-{{- $_ := set .Values "__slinkyKeys" dict }}
-{{- end }}
-{{- $cache := get .Values "__slinkyKeys" }}
-{{- $name := printf "%s-ssh-host-keys" (include "slurm.prefix" .) }}
-{{- if not (hasKey $cache $name) }}
-{{- $old := lookup "v1" "Secret" .Release.Namespace $name }}
-{{- if and $old $old.data (index $old.data "ssh_host_ecdsa_key") }}
-{{- $_ := set $cache $name (index $old.data "ssh_host_ecdsa_key") }}
-{{- else }}
-{{- $_ := set $cache $name (genPrivateKey "ecdsa" | b64enc) }}
-{{- end }}
-{{- end }}
-{{- get $cache $name }}
+{{- include "slurm.keyValue" (dict "root" . "name" (printf "%s-ssh-host-keys" (include "slurm.prefix" .)) "key" "ssh_host_ecdsa_key" "make" "ecdsa") }}
 {{- end }}
 
 {{- /* sshd's mounts and volumes (login pods; NodeSet pods with compute.ssh.enabled). */ -}}

@@ -252,7 +252,7 @@ class WorkloadSync:
         bound = bool(podcontrol.node_of(pod))
         if job is None and not bound:
             return DONE  # lost by slurmctld before the pod started: the scheduler resubmits
-        key, uid = placeholder.pod_key(pod), str(pod["metadata"].get("uid") or "")
+        key, uid = placeholder.pod_key(pod), placeholder.pod_uid(pod)
         if bound and job is not None and placeholder.names_another_pod(job, key=key, uid=uid):
             # The id now names a job that is not the pod's: slurmctld restarted from state
             # saved before the pod's job and gave the id to a new one. The pod's own job
@@ -290,10 +290,7 @@ class WorkloadSync:
                 f"{podcontrol.node_of(pod)}, where the pod runs; deleting the pod (its job "
                 "is cancelled once the pod stopped)"
             )
-        log.info("pod %s: %s", key, message)
-        self.recorder.event(pod, events.WARNING, "SlurmJobEnded", message, action="Delete")
-        await podcontrol.delete(self.kube, pod)
-        return DONE
+        return await self.delete_pod(pod, message)
 
     async def lost_to_another_job(self, pod: JSON, job_id: int) -> Result:
         """A bound pod whose job id names another job now: it runs where no job of its own
@@ -301,12 +298,15 @@ class WorkloadSync:
         nothing is cancelled: the job under that id is someone else's)."""
         if not await self.still_names(pod, job_id):
             return DONE  # relabelled meanwhile
-        key = placeholder.pod_key(pod)
-        message = (
+        return await self.delete_pod(
+            pod,
             f"Slurm job {job_id} is no longer this pod's (slurmctld restarted from older saved "
-            "state and gave the id to another job): its own job is gone; deleting the pod"
+            "state and gave the id to another job): its own job is gone; deleting the pod",
         )
-        log.info("pod %s: %s", key, message)
+
+    async def delete_pod(self, pod: JSON, message: str) -> Result:
+        """The pod runs without a job of its own: it goes, and says why (SlurmJobEnded)."""
+        log.info("pod %s: %s", placeholder.pod_key(pod), message)
         self.recorder.event(pod, events.WARNING, "SlurmJobEnded", message, action="Delete")
         await podcontrol.delete(self.kube, pod)
         return DONE
