@@ -184,7 +184,12 @@ def bridge_config(testbed: Testbed, managed: list[str], **overrides: Any) -> JSO
 
 
 def start_bridge(
-    kubeconfig: Path, config: Path, cert_dir: Path, log_path: Path, *extra: str
+    kubeconfig: Path,
+    config: Path,
+    cert_dir: Path,
+    log_path: Path,
+    *extra: str,
+    lease: tuple[str, str] = ("12s", "9s"),
 ) -> BridgeProcess:
     mport, pport, wport = procs.free_ports(3)
     argv = [
@@ -202,8 +207,8 @@ def start_bridge(
         "--leader-election-id=slurm-bridge-e2e",
         # A renewal may take seconds on a loaded 2-core machine; a replica that takes over
         # does so when the Lease is released on SIGTERM, not by waiting for it to expire.
-        "--leader-election-lease-duration=12s",
-        "--leader-election-renew-deadline=9s",
+        f"--leader-election-lease-duration={lease[0]}",
+        f"--leader-election-renew-deadline={lease[1]}",
         "--leader-election-retry-period=1s",
         "--log-level=debug",
         *extra,
@@ -425,7 +430,12 @@ async def bridge_env(
     config_path = work / "config.yaml"
     config_path.write_text(yaml.safe_dump(config))
     kubeconfig = await bridge_kubeconfig(kube, testbed, work / "kubeconfig")
-    bridge = start_bridge(kubeconfig, config_path, cert_dir, work / "bridge.log")
+    # A Lease that outlasts an apiserver restart, as the session operator's: tests on the
+    # other xdist worker restart it, and a bridge that lost its Lease in the middle of a test
+    # (by design it exits, to be restarted) fails that test.
+    bridge = start_bridge(
+        kubeconfig, config_path, cert_dir, work / "bridge.log", lease=("30s", "25s")
+    )
     await wait_ready(bridge)
     name = f"slurm-bridge-e2e-{managed[-6:]}"
     await register_webhooks(
