@@ -55,3 +55,13 @@ def test_a_removed_extra_process_is_forgotten_not_left_to_read_as_a_crash(tmp_pa
     assert "sleeper" not in bed.load().pids
     bed.remove_extra("sleeper")  # gone already: nothing to do
     assert [n for n, p in bed.tracked_processes(bed.load()) if not p.alive()] == []
+
+
+def test_the_slurm_root_asks_no_resolver_outside_the_machine(tmp_path: Path) -> None:
+    """slurmctld looks up the host name of every client that submits through slurmrestd;
+    the machine's resolver throttled those lookups into 5 s stalls (bench_bridge: 9 pods/s).
+    The root's resolv.conf names a loopback address nothing serves: a lookup fails at once."""
+    slurmconf.write_slurm_config(tmp_path, ctld_port=1, slurmd_port=2)
+    lines = (tmp_path / "etc" / "resolv.conf").read_text().splitlines()
+    servers = [ln.split()[1] for ln in lines if ln.startswith("nameserver")]
+    assert servers == ["127.0.0.1"]
