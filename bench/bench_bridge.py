@@ -46,6 +46,7 @@ from slinky.kube import rest
 from slinky.kube.informer import Handler, InformerFactory
 from slinky.slurm import errors
 from slinky.slurm.client import SlurmClient
+from slinky.slurm.models import Job
 from slinky.slurm.tokens import MintedToken
 from slinky_testbed import procs
 from slinky_testbed.bed import Testbed
@@ -56,10 +57,12 @@ OWN_NS = "bench-bridge-system"
 SCHEDULER = "slurm-bridge-scheduler"
 PARTITION = "slurm-bridge"
 KWOK_NODES = 16
+NODE_CPUS = 32  # what the bridge registers a kwok node with
 SINGLE_PODS = 10
 QUEUED_FEW = 10
 BURSTS = [int(n) for n in os.environ.get("BENCH_BRIDGE_BURSTS", "1,100,500").split(",")]
 QUEUED_MANY = int(os.environ.get("BENCH_BRIDGE_QUEUED", "5000"))
+REFUSED = "slurm_bridge_immediate_allocations_refused_total"
 TOLERATIONS = [
     {"key": "kwok.x-k8s.io/node", "operator": "Exists"},
     {"key": MANAGED_NODE_TAINT, "operator": "Equal", "value": SCHEDULER, "effect": "NoExecute"},
@@ -293,9 +296,18 @@ async def create_all(kube: rest.Kube, pods: list[JSON]) -> dict[str, float]:
 
 
 async def burst(
-    kube: rest.Kube, binds: Bindings, n: int, scheduler: str | None
+    kube: rest.Kube,
+    binds: Bindings,
+    n: int,
+    scheduler: str | None,
+    *,
+    slurm: SlurmClient | None = None,
+    problems: list[str] | None = None,
 ) -> tuple[list[float], float]:
-    """n pods at once: create->bound latencies and pods/s (first create to last bind)."""
+    """n pods at once: create->bound latencies and pods/s (first create to last bind). With
+    `slurm`, the placements are checked against Slurm's jobs (see `placement_problems`)
+    and, once the pods are gone, that no job of theirs is left; found problems are added
+    to `problems`."""
     run = uuid.uuid4().hex[:6]
     pods = [bench_pod(f"b{run}-{i}", run, scheduler) for i in range(n)]
     sent = await create_all(kube, pods)
@@ -306,8 +318,56 @@ async def burst(
     await until(all_bound, f"{n} pods bound", 120 + n)
     lat = [binds.bound_at[name] - t for name, t in sent.items()]
     span = max(binds.bound_at[name] for name in sent) - min(sent.values())
+    if slurm is not None and problems is not None:
+        problems += await placement_problems(slurm, binds, run)
     await finish(kube, binds, run, bridge=scheduler is not None)
+    if slurm is not None and problems is not None:
+        left = [j for j in await live_jobs(slurm) if j.name.startswith(f"{NS}/b{run}-")]
+        problems += [f"job {j.job_id} ({j.name}) left after its pod went" for j in left]
     return lat, n / span if span > 0 else float("inf")
+
+
+async def live_jobs(slurm: SlurmClient) -> list[Job]:
+    jobs, _ = await slurm.list_jobs()
+    return [j for j in jobs or [] if not j.is_finished and j.partition == PARTITION]
+
+
+async def placement_problems(slurm: SlurmClient, binds: Bindings, run: str) -> list[str]:
+    """What Slurm's jobs say against the run's bindings: every pod has exactly one live
+    job, running on the pod's node, and no node holds more pods than it has CPUs (each
+    pod asks one); one full read of the job list."""
+    mine = {
+        str(p["metadata"]["name"]): str(p["spec"].get("nodeName") or "")
+        for p in binds.informer.store.objects()
+        if (p["metadata"].get("labels") or {}).get("bench-run") == run
+    }
+    jobs: dict[str, list[Job]] = {}
+    for j in await live_jobs(slurm):
+        jobs.setdefault(j.name.removeprefix(f"{NS}/"), []).append(j)
+    problems = []
+    per_node: dict[str, int] = {}
+    for name, node in mine.items():
+        per_node[node] = per_node.get(node, 0) + 1
+        have = jobs.get(name, [])
+        if len(have) != 1:
+            problems.append(f"pod {name}: {len(have)} live jobs")
+        elif not have[0].is_running or have[0].nodes != node:
+            problems.append(f"pod {name} on {node}: its job {have[0].job_id} is on {have[0].nodes}")
+    problems += [
+        f"node {n}: {c} pods for {NODE_CPUS} CPUs" for n, c in per_node.items() if c > NODE_CPUS
+    ]
+    return problems
+
+
+def metric_sum(port: int, name: str) -> float:
+    """The sum of a metric's samples on the bridge's /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(name) and not line.startswith("#")
+    )
 
 
 async def finish(kube: rest.Kube, binds: Bindings, run: str, *, bridge: bool) -> None:
@@ -442,20 +502,25 @@ async def run() -> None:
     work, kube, slurm = await bridge_bench(bed, "bridge", (NS, OWN_NS))
     proxy = CountingProxy(bed.slurm_rest_url)
     proxy_url = await proxy.start()
-    bridge, _ = await asyncio.to_thread(start_bridge, bed, proxy_url, work)
+    bridge, metrics_port = await asyncio.to_thread(start_bridge, bed, proxy_url, work)
     factory = InformerFactory(kube)
     binds = Bindings(factory)
     factory.start()
     queued: list[int] = []
     results: dict[str, Any] = {}
+    problems: list[str] = []
     try:
         await factory.wait_synced()
         await register_nodes(kube, slurm, kwok)
         await queue_jobs(slurm, QUEUED_FEW, queued)
         t_few, b_few = await single_decisions(kube, binds, proxy)
+        refused_before = metric_sum(metrics_port, REFUSED)
         for n in BURSTS:
-            results[f"bridge-{n}"] = await burst(kube, binds, n, SCHEDULER)
+            results[f"bridge-{n}"] = await burst(
+                kube, binds, n, SCHEDULER, slurm=slurm, problems=problems
+            )
             results[f"kube-{n}"] = await burst(kube, binds, n, None)
+        refused = metric_sum(metrics_port, REFUSED) - refused_before
         t0 = time.monotonic()
         await queue_jobs(slurm, QUEUED_MANY, queued)
         queue_s = time.monotonic() - t0
@@ -482,6 +547,13 @@ async def run() -> None:
             f"  {n:11d} {ms(pct(bl, 50)):>11} {ms(pct(bl, 99)):>11} {ms(pct(kl, 50)):>11} "
             f"{ms(pct(kl, 99)):>11} {pct(bl, 50) / pct(kl, 50):10.1f}x {bt:14.1f} {kt:12.1f}"
         )
+    print(
+        f"  checks over the bursts: {refused:.0f} allocations Slurm refused (a FAILED record "
+        f"each), {len(problems)} placement problems (a pod without exactly one live job on "
+        "its node, a node given more pods than CPUs, a job left after its pod)"
+    )
+    for p in problems[:10]:
+        print(f"    {p}")
     print(
         f"  single pods one after another (n={SINGLE_PODS}), create -> bound: "
         f"p50 {ms(pct(t_few, 50)).strip()} p99 {ms(pct(t_few, 99)).strip()}  (target p50 <= 500 ms)"

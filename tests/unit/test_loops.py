@@ -4,6 +4,7 @@ that stops at once when cancelled (leadership lost)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import httpx2
 
@@ -276,3 +277,28 @@ async def test_a_node_a_restarted_slurmctld_forgot_leaves_the_cache_at_the_resyn
     inf._last_resync -= SLURM_RESYNC_S
     await inf.poll_once()
     assert "batch-0" not in inf.nodes
+
+
+async def test_demand_coming_and_going_makes_no_node_poll_of_its_own() -> None:
+    """A scheduler whose waiting pods come and go flips its demand at every pod: that must
+    not poll nodes each time (a burst of 500 pods made 12 polls a second); someone who
+    starts waiting after a long quiet gets a poll at once."""
+    client, asked = counting_slurm()
+    inf = SlurmInformer(client, poll_interval=5, idle_interval=30)
+    task = asyncio.ensure_future(inf.run())
+    try:
+        await wait_for(lambda: asked.count("nodes") == 1, timeout=5, what="first poll")
+        for _ in range(100):
+            inf.demand("scheduler", True)
+            await asyncio.sleep(0)
+            inf.demand("scheduler", False)
+            await asyncio.sleep(0)
+        await asyncio.sleep(0.2)
+        assert asked.count("nodes") == 1, "the last poll is younger than the fast interval"
+        inf.poll_interval = 0.01  # now it is older: demand polls at once
+        inf.demand("scheduler", True)
+        await wait_for(lambda: asked.count("nodes") >= 2, timeout=5, what="a poll on demand")
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -252,11 +252,25 @@ class JobWatch(BackgroundLoop):
         if (job is None or not job.is_pending) and self._next[job_id] == due_before:
             # Allocated or ended, and no event made it due while it was read: nothing
             # to catch early, back to the slow backstop.
-            self._fast.pop(job_id, None)
-            self._pass_looks.pop(job_id, None)
-            self._interval[job_id] = self.settled_interval
-            self._next[job_id] = self._settled_tick()
+            self._settle(job_id)
         return job
+
+    def adopt(self, job_id: int, job: Job) -> None:
+        """Track `job_id`, which the caller has just read as `job` (a job it allocated):
+        kept as a read of the watch's own, so the watch does not read it again at once (a
+        second request per job in a burst); a pending one is looked at as a job just
+        submitted (`track(fresh=True)`)."""
+        self.track(job_id, fresh=True)
+        self._read_at[job_id] = time.monotonic()
+        self._record(job_id, job)
+        if not job.is_pending:
+            self._settle(job_id)
+
+    def _settle(self, job_id: int) -> None:
+        self._fast.pop(job_id, None)
+        self._pass_looks.pop(job_id, None)
+        self._interval[job_id] = self.settled_interval
+        self._next[job_id] = self._settled_tick()
 
     def _record(self, job_id: int, job: Job | None) -> None:
         """Keep what a read showed of a tracked job; tell `on_change` when it changed."""

@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="how often the certificate files are checked for changes",
     )
     p.add_argument("--node-workers", type=int, default=2)
-    p.add_argument("--scheduler-workers", type=int, default=4)
+    p.add_argument("--scheduler-workers", type=int, default=16)
     p.add_argument("--workload-workers", type=int, default=4)
     flags.add_duration(
         p,

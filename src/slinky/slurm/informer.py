@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -190,7 +191,11 @@ class SlurmInformer(BackgroundLoop):
         waits the informer polls every `poll_interval`, otherwise every `idle_interval`."""
         if wanted and key not in self._demand:
             self._demand[key] = time.monotonic()
-            self.poke()  # switch to fast polling now, not after the idle interval
+            # The loop works out the next node poll again with the fast interval: now, if
+            # the last one is older than that, not after the idle interval. Not a poke: a
+            # scheduler whose waiting pods come and go would flip its demand at every pod
+            # and make a node poll each time (12 a second in a burst of 500 pods).
+            self._wake.set()
         elif not wanted:
             self._demand.pop(key, None)
 
@@ -319,18 +324,24 @@ class SlurmInformer(BackgroundLoop):
 
     async def run(self) -> None:
         backoff = Backoff(self.poll_interval * 2, self.max_backoff)
-        next_nodes = 0.0  # monotonic time the next node poll is due
+        last_nodes = -math.inf  # monotonic time the last node poll ended
         while True:
             # Cleared before the poll: a poke made while it runs asks for another one.
             self._wake.clear()
+            # Due by the interval as it is now (it shortens when someone starts waiting).
+            next_nodes = last_nodes + self.interval
             nodes = self._nodes_next or self.stale or time.monotonic() >= next_nodes
+            if not (nodes or self._partitions_next or self._jobs_next):
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), next_nodes - time.monotonic())
+                continue
             self._nodes_next = False
             delay: float | None = None
             try:
                 await self.poll_once(nodes=nodes)
                 backoff.reset()
                 if nodes:
-                    next_nodes = time.monotonic() + self.interval
+                    last_nodes = time.monotonic()
             except errors.SlurmError as e:
                 if cancelling():
                     raise asyncio.CancelledError from e
@@ -348,7 +359,7 @@ class SlurmInformer(BackgroundLoop):
             if delay is None:
                 if self._nodes_next or self._partitions_next or self._jobs_next:
                     continue  # a delta showed a change: read what it concerns at once
-                delay = max(0.0, next_nodes - time.monotonic())
+                delay = max(0.0, last_nodes + self.interval - time.monotonic())
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), delay)
 

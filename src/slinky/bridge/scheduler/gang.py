@@ -205,8 +205,8 @@ class GangScheduler:
             group.size,
             partition,
         )
-        for m in members:
-            await podcontrol.mark_submitted(sync.kube, m, job_id)
+        # Every member at once: one round trip, not one per pod.
+        await asyncio.gather(*(podcontrol.mark_submitted(sync.kube, m, job_id) for m in members))
         return await self.place(pod, group, job_id)
 
     async def place(self, pod: JSON, group: Group, job_id: int) -> Result:
@@ -259,13 +259,19 @@ class GangScheduler:
             # nothing, so none of the others is bound.
             await self.abandon(group, job_id, f"pod {gone[0]} of {group.describe()} went away")
             return DONE
-        bound = 0
+        binds = []
         for i, member_key in enumerate(comment.pods):
             p = ours.get(member_key)
             if p is None or not sync.schedulable(p):
                 continue  # gone, or bound already
-            if await self.bind(p, job_id, allocated[i], nodes[allocated[i]]):
-                bound += 1
+            binds.append(self.bind(p, job_id, allocated[i], nodes[allocated[i]]))
+        # All members in flight together (each binding is its own request); a failure is
+        # raised once every one has been answered, and the pass retried binds the rest.
+        results = await asyncio.gather(*binds, return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        bound = sum(1 for r in results if r is True)
         log.info(
             "%s: bound %d pods (Slurm job %d on %s)", group.describe(), bound, job_id, job.nodes
         )

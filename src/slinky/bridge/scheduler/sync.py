@@ -130,7 +130,6 @@ class SchedulerSync:
         self.gangs = GangScheduler(self, groups.GroupResolver(kube))
         # Cleared when slurmrestd has no job/allocate (an older release): submit only.
         self.allocate_at_once = config.immediate_allocation
-        self.allocating = asyncio.Lock()
         self.claims = immediate.Claims()
         # Keys of pods found labelled with a job at start and not placed since: their jobs
         # may wait in Slurm (made by the replica before this one).
@@ -455,39 +454,44 @@ class SchedulerSync:
 
     async def allocate(self, desc: JSON, allowed: list[str], tokens: TokenProvider) -> int | None:
         """Ask Slurm, as `tokens`' user, to allocate `desc` now if the nodes look free: the
-        job id, or None (not asked, refused, or not confirmed as ours: no job is left). The
-        requests go one at a time, each seeing what the ones before took (see
-        `immediate.Claims`); the confirmation and the read of the job's nodes are made
-        outside the turn."""
+        job id, or None (not asked, refused, or not confirmed as ours: no job is left).
+        Whether to ask and the claim on the free nodes are decided in one step, with no
+        await between them, so each request sees what the ones before it took (see
+        `immediate.Claims`); the requests themselves are in flight together (a burst is
+        not one round trip per pod), and slurmctld decides them one by one."""
         informer = self.slurm.informer
-        async with self.allocating:
-            taken = self.claims.overlay(informer.nodes, informer.shows_since)
-            flying = self.claims.in_flight.values()
-            if not immediate.worth_allocating(desc, allowed, informer.nodes, taken, flying):
-                return None
-            mark = informer.mark()
-            token = self.claims.start(desc)
-            own = tokens is self.slurm.client.tokens
-            try:
-                job_id = await self.ask_allocation(desc if own else as_its_user(desc), tokens)
-            except BaseException:
-                self.claims.finish(token, desc, (), mark)
-                raise
-            if job_id is None:
-                self.claims.finish(token, desc, (), mark)
-                return None
+        taken = self.claims.overlay(informer.nodes, informer.shows_since)
+        flying = self.claims.in_flight.values()
+        if not immediate.worth_allocating(desc, allowed, informer.nodes, taken, flying):
+            return None
+        mark = informer.mark()
+        token = self.claims.start(desc)
+        own = tokens is self.slurm.client.tokens
         nodes: list[str] = []
         try:
+            job_id = await self.ask_allocation(desc if own else as_its_user(desc), tokens)
+            if job_id is None:
+                return None
+            # Marked first, read after: a read made before the mark lands shows no
+            # admin_comment, and place() would take the job for someone else's.
             if not own and not await self.confirm(job_id, desc):
                 return None
-            self.watch.track(job_id, fresh=True)
-            with contextlib.suppress(errors.SlurmError):
-                job = await self.watch.read(job_id)
-                if job is not None:
-                    nodes = expand_hostlist(job.nodes)
+            job = await self.read_quietly(job_id)
+            if job is None:
+                self.watch.track(job_id, fresh=True)  # place() reads it again
+            else:
+                self.watch.adopt(job_id, job)
+                nodes = expand_hostlist(job.nodes)
         finally:
             self.claims.finish(token, desc, nodes, mark)
         return job_id
+
+    async def read_quietly(self, job_id: int) -> Job | None:
+        """The job as Slurm has it now, or None when Slurm does not know it or the read
+        failed."""
+        with contextlib.suppress(errors.SlurmError):
+            return await self.watch.read(job_id)
+        return None
 
     async def confirm(self, job_id: int, desc: JSON) -> bool:
         """A job allocated as its own user carries the bridge's mark only in `comment` (a
