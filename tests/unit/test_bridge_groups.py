@@ -15,6 +15,7 @@ from slinky.bridge.config import parse_config
 from slinky.bridge.groups import GANG, Group, GroupProblem, GroupResolver
 from slinky.bridge.jobwatch import JobWatch
 from slinky.bridge.labels import FINALIZER, SLURM_JOBID, SLURMJOB_PREFIX
+from slinky.bridge.scheduler import gang
 from slinky.bridge.workload.sync import BY_JOB, WorkloadSync, index_job
 from slinky.kube import rest
 from slinky.kube.store import Store
@@ -587,3 +588,24 @@ async def test_a_restart_after_the_group_job_was_submitted_finds_it_and_makes_no
         await sync.reconcile(f"ns/{p['metadata']['name']}")
     assert list(slurm.jobs) == [job_id]
     assert kube.bound == {"ns/g-0": "n1", "ns/g-1": "n2"}
+
+
+async def test_a_pod_says_it_waits_for_its_group_only_after_a_while(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pods of a group mostly come together: a status write per waiting pod, each made
+    under the group's lock, held the last pod's job back (a gang of 8 took 736 ms)."""
+    sync, _slurm, _kube, pods = gang_setup(2)
+    said: list[str] = []
+
+    async def set_unschedulable(_kube: Any, pod: JSON, reason: str, _message: str) -> bool:
+        said.append(f"{pod['metadata']['name']}:{reason}")
+        return True
+
+    monkeypatch.setattr(gang.podcontrol, "set_unschedulable", set_unschedulable)
+    pods.upsert(group_pods(2)[0])
+    result = await sync.reconcile("ns/g-0")
+    assert said == [] and 0 < (result.requeue_after or 0) <= gang.WAIT_REPORT_S
+    sync.gangs.waiting_since["ns/g-0"] -= gang.WAIT_REPORT_S  # it has waited that long
+    await sync.reconcile("ns/g-0")
+    assert said == ["g-0:WaitingForGroup"]

@@ -941,3 +941,36 @@ async def test_a_job_allocated_as_the_pods_user_is_read_only_once_marked_as_ours
     (job_id,) = slurm.jobs
     assert kube.bound == {"ns/p": "n1"} and slurm.cancelled == []
     assert job_label(pods.get("ns/p")) == str(job_id)
+
+
+async def test_a_pod_of_higher_priority_in_flight_asks_for_the_free_node_first() -> None:
+    """Workers run side by side: the high-priority pod was taken from the queue first, but
+    its way to the decision is slower (here: its group lookup). The low-priority pod waits
+    for it to ask, so the one free node is the high one's; the low one's job waits."""
+    sync, slurm, kube, pods = setup()
+    idle(sync, "n1")
+    slurm.free_node = "n1"
+    high, low = make_pod("high", "u1"), make_pod("low", "u2")
+    high["spec"]["priority"] = 10
+    pods.upsert(high)
+    pods.upsert(low)
+    gate = asyncio.Event()
+    lookup = sync.gangs.group
+
+    async def slow_for_high(pod: JSON) -> Any:
+        if pod["metadata"]["name"] == "high":
+            await gate.wait()
+        return await lookup(pod)
+
+    sync.gangs.group = slow_for_high  # type: ignore[method-assign]
+    first = asyncio.ensure_future(sync.reconcile("ns/high"))
+    await wait_until(lambda: "ns/high" in sync.undecided)
+    second = asyncio.ensure_future(sync.reconcile("ns/low"))
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert slurm.allocations == 0, "the low-priority pod waits for the high one to ask"
+    gate.set()
+    await asyncio.wait_for(asyncio.gather(first, second), 5)
+    assert kube.bound == {"ns/high": "n1"}
+    assert slurm.job(int(job_label(pods.get("ns/low")) or 0)).is_pending
+    assert sync.undecided == {}

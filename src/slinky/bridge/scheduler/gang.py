@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -48,6 +49,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PROBLEM_RECHECK_S = 10.0
+# A pod waiting for the rest of its group says so (PodScheduled=False) after this long.
+WAIT_REPORT_S = 0.5
 
 
 class GangScheduler:
@@ -59,6 +62,8 @@ class GangScheduler:
         self.members: dict[str, set[str]] = {}
         self.group_of: dict[str, Group] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        # Pod key -> when it was first seen waiting for its group (see `wait`).
+        self.waiting_since: dict[str, float] = {}
 
     # ------------------------------------------------------------ membership
 
@@ -75,6 +80,7 @@ class GangScheduler:
         self.members.setdefault(group.key, set()).add(key)
 
     def _leave_set(self, key: str, group: Group) -> None:
+        self.waiting_since.pop(key, None)
         keys = self.members.get(group.key)
         if keys is not None:
             keys.discard(key)
@@ -139,6 +145,15 @@ class GangScheduler:
             return await self.submit(pod, group, waiting[: group.size])
 
     async def wait(self, pod: JSON, group: Group, message: str) -> Result:
+        """The pod waits for its group: said on the pod once it has waited WAIT_REPORT_S.
+        The pods of a group mostly come together, and each status write is made under the
+        group's lock: the last pod of a group of 8 waited for 7 of them before its job
+        could be asked for."""
+        key = placeholder.pod_key(pod)
+        now = time.monotonic()
+        left = WAIT_REPORT_S - (now - self.waiting_since.setdefault(key, now))
+        if left > 0:
+            return Result(requeue_after=left)
         await podcontrol.set_unschedulable(self.sync.kube, pod, "WaitingForGroup", message)
         return DONE  # the next pod of the group brings the group back
 
@@ -183,6 +198,7 @@ class GangScheduler:
                 sorted(allowed or ()),
                 [str(m["metadata"]["uid"]) for m in members],
                 as_user=groups.allocation_user(members, group, sync.config),
+                key=placeholder.pod_key(pod),
             )
         except (errors.SlurmUnavailable, errors.SlurmAuthError) as e:
             for m in members:
@@ -277,6 +293,7 @@ class GangScheduler:
         )
         for member_key in comment.pods:
             sync.forget(member_key)
+            self.waiting_since.pop(member_key, None)
         for other in list(self.members.get(group.key, ())):
             if other not in comment.pods:
                 self.enqueue(other)  # pods beyond this job: their turn

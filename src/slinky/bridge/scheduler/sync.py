@@ -79,6 +79,12 @@ REFUSED_USER_S = 300.0
 DEMAND_KEY = "bridge-scheduler"
 REJECT_BACKOFF_MAX_S = 300.0
 NO_NODE_RECHECK_S = 5.0
+# How long a pod waits at most for pods of higher priority in flight to ask first (`turn`).
+TURN_WAIT_S = 1.0
+
+
+def priority(pod: JSON | None) -> int:
+    return int(((pod or {}).get("spec") or {}).get("priority") or 0)
 
 
 def as_its_user(desc: JSON) -> JSON:
@@ -137,6 +143,10 @@ class SchedulerSync:
         self._cancel_tried = 0.0
         # Slurm users whose minted tokens slurmctld refused: not allocated as, for a while.
         self.refused_users: dict[str, float] = {}
+        # Pods in a reconcile that have not yet asked for a node, by spec.priority: a pod
+        # asks only once every pod of higher priority in flight has (see `turn`).
+        self.undecided: dict[str, int] = {}
+        self._decided = asyncio.Condition()
 
     # ------------------------------------------------------------ which pods
 
@@ -167,11 +177,39 @@ class SchedulerSync:
         """Submit, label, place: whichever step the pod is at."""
         if self.ledger.owed() and time.monotonic() - self._cancel_tried > CANCEL_RETRY_S:
             await self.cancel_pending_cancels()
+        pod = self.pods.store.get(key)
+        if self.schedulable(pod):
+            self.undecided[key] = priority(pod)
         try:
             return await self.schedule(key)
         finally:
+            await self.decided(key)
             # Slurm is polled fast while pods wait on it, slowly otherwise.
             self.slurm.informer.demand(DEMAND_KEY, bool(self.ledger.waiting_count() or self.unfit))
+
+    async def turn(self, key: str) -> None:
+        """Wait until no pod of higher priority in a reconcile beside this one is still to
+        ask for a node (at most TURN_WAIT_S), then count `key` as having asked. Workers run
+        side by side and a pod's requests before its decision take their own time, so
+        without this a pod taken from the queue after one of higher priority could take
+        the free node first."""
+        mine = self.undecided.get(key)
+        if mine is None:
+            return
+
+        def first() -> bool:
+            return not any(p > mine for k, p in self.undecided.items() if k != key)
+
+        async with self._decided:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._decided.wait_for(first), TURN_WAIT_S)
+        await self.decided(key)
+
+    async def decided(self, key: str) -> None:
+        if key in self.undecided:
+            async with self._decided:
+                self.undecided.pop(key, None)
+                self._decided.notify_all()
 
     async def schedule(self, key: str) -> Result:
         pod = self.pods.store.get(key)
@@ -364,6 +402,7 @@ class SchedulerSync:
                 where.allowed,
                 [uid],
                 as_user=placeholder.allocation_user(pod, self.config),
+                key=key,
             )
         except (errors.SlurmUnavailable, errors.SlurmAuthError) as e:
             # Not an answer about the job: retried with the controller's backoff, after
@@ -410,13 +449,14 @@ class SchedulerSync:
                 self.recorder.event(pod, events.WARNING, reason, message, action="Schedule")
 
     async def create_job(
-        self, desc: JSON, allowed: list[str], uids: list[str], *, as_user: str | None
+        self, desc: JSON, allowed: list[str], uids: list[str], *, as_user: str | None, key: str
     ) -> int:
-        """The placeholder job `desc` for the pods `uids`: allocated inside the request when
-        enough `allowed` nodes look free (see `immediate`) and the bridge can ask as the
-        job's Slurm user `as_user` (None: it may not), else submitted to wait for Slurm's
-        pass. Raises what `submit_job` raises."""
+        """The placeholder job `desc` for the pods `uids` (reconciled as pod `key`):
+        allocated inside the request when enough `allowed` nodes look free (see
+        `immediate`) and the bridge can ask as the job's Slurm user `as_user` (None: it may
+        not), else submitted to wait for Slurm's pass. Raises what `submit_job` raises."""
         await self.cancel_pending_cancels()
+        await self.turn(key)
         tokens = self.allocation_tokens(as_user)
         if (
             tokens is not None
