@@ -664,6 +664,7 @@ async def test_pods_created_at_once_each_get_an_exclusive_node_or_wait(
     burst = f"burst-{uuid.uuid4().hex[:6]}"
     names = [f"{burst}-{i}" for i in range(BURST)]
     nudged = metric(env, "slurm_bridge_scheduling_nudges_total")
+    refused = metric(env, "slurm_bridge_immediate_allocations_refused_total")
 
     async def create(name: str) -> None:
         pod = workload_pod(name, ["sh", "-c", "exit 0"])
@@ -715,10 +716,67 @@ async def test_pods_created_at_once_each_get_an_exclusive_node_or_wait(
         for (_, end, a), (start, _, b) in itertools.pairwise(spans):
             assert start >= end, f"jobs {a} and {b} shared node {node}"
     assert metric(env, "slurm_bridge_scheduling_nudges_total") > nudged
+    # No allocation asked for a node that was not free (each would leave a FAILED record).
+    assert metric(env, "slurm_bridge_immediate_allocations_refused_total") == refused
     await env.kube.request(
         "DELETE", rest.PODS.path(ns), params={"labelSelector": f"e2e-burst={burst}"}
     )
     for name in names:
+        await pod_gone(env, name, ns)
+
+
+async def test_pods_waiting_for_busy_nodes_start_in_slurms_order_and_none_overtakes(
+    bridge: BridgeEnv, both_nodes: list[str]
+) -> None:
+    """Both nodes busy; six pods wait with their jobs in Slurm's queue, made one after the
+    other; the nodes free up and one more pod comes while the six still wait. Slurm's order
+    stands on the fast paths (in-flight allocations, many workers): every job starts no
+    later than any job made after it, the latecomer last; never two pods on one node; no
+    allocation was refused (each would leave a FAILED record)."""
+    env, ns = bridge, bridge.managed_namespace
+    run = f"order-{uuid.uuid4().hex[:6]}"
+    refused = metric(env, "slurm_bridge_immediate_allocations_refused_total")
+
+    async def make(name: str, args: list[str]) -> int:
+        pod = workload_pod(name, args)
+        pod["metadata"]["labels"] = {"e2e-burst": run}
+        await env.kube.create(rest.PODS, pod, ns)
+        got = await pod_where(
+            env, name, ns, lambda p: SLURM_JOBID in p["metadata"]["labels"], "a job"
+        )
+        return job_id(got)
+
+    blockers = [f"{run}-block-{i}" for i in range(2)]
+    for name in blockers:
+        await make(name, ["sleep", "600"])
+    for name in blockers:
+        await pod_where(env, name, ns, lambda p: p["status"].get("phase") == "Running", "Running")
+    waiting = [await make(f"{run}-{i}", ["sleep", "1"]) for i in range(6)]
+    for name in blockers:
+        await env.kube.delete(rest.PODS, name, ns)
+    late = await make(f"{run}-late", ["sleep", "1"])
+
+    async def all_done() -> list[JSON] | None:
+        pods = [p for p in await burst_pods(env, ns, run) if "-block-" not in p["metadata"]["name"]]
+        holding = [
+            p["spec"]["nodeName"]
+            for p in pods
+            if p["spec"].get("nodeName") and p["status"].get("phase") != "Succeeded"
+        ]
+        assert len(holding) == len(set(holding)), f"two pods on one node: {sorted(holding)}"
+        done = sum(1 for p in pods if p["status"].get("phase") == "Succeeded")
+        return pods if done == 7 else None
+
+    await wait_for(all_done, timeout=180, interval=0.5, what="the seven pods Succeeded")
+    order = [*waiting, late]
+    starts = [(await job_ended(env, j)).start_time or 0 for j in order]
+    for (a, sa), (b, sb) in itertools.pairwise(zip(order, starts, strict=True)):
+        assert sa <= sb, f"job {b} (made later) started at {sb}, before job {a} at {sa}"
+    assert metric(env, "slurm_bridge_immediate_allocations_refused_total") == refused
+    await env.kube.request(
+        "DELETE", rest.PODS.path(ns), params={"labelSelector": f"e2e-burst={run}"}
+    )
+    for name in [*blockers, *(f"{run}-{i}" for i in range(6)), f"{run}-late"]:
         await pod_gone(env, name, ns)
 
 

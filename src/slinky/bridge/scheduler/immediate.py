@@ -19,9 +19,11 @@ worth a request:
 The cache can be a poll behind, so "looks free" is a hint: a job refused because the node
 was taken meanwhile costs one request, and Slurm keeps a FAILED record of the attempt
 (reason BadConstraints, MinJobAge long) next to the job that is then submitted. So that a
-burst of pods does not make one such attempt per pod, the scheduler asks one pod at a time
-and lays what its own allocations took over the cache (`Claims`) until a poll shows it;
-an allocation answered but not read back yet counts as taking its share of the free nodes.
+burst of pods does not make one such attempt per pod, the scheduler decides for one pod at
+a time (no await between the check and the claim) and lays what its own allocations took
+over the cache (`Claims`) until a poll shows it; requests in flight (asked, or answered but
+not read back yet) count as taking their share of the free nodes, so many can be in flight
+together. A pod decides only after the pods of higher priority in flight did (`turn`).
 Never `job/allocate` without `immediate`: slurmrestd would then wait inside the request for
 a pending job's allocation (and time out, error 5004).
 """
