@@ -974,3 +974,27 @@ async def test_a_pod_of_higher_priority_in_flight_asks_for_the_free_node_first()
     assert kube.bound == {"ns/high": "n1"}
     assert slurm.job(int(job_label(pods.get("ns/low")) or 0)).is_pending
     assert sync.undecided == {}
+
+
+async def test_a_poll_made_while_an_allocation_was_in_flight_does_not_clear_its_claim() -> None:
+    """The informer polled (and saw n1 idle) while p's request was still in slurmctld: that
+    poll cannot show p's allocation, so q must still see n1 taken and not ask for it
+    (Slurm would refuse it and keep a FAILED record; the bench saw one per run)."""
+    sync, slurm, kube, pods = gated(["n1"])
+    idle(sync, "n1")
+    polls = {"started": 0, "done": 0}
+    sync.slurm.informer.mark = lambda: polls["started"]
+    sync.slurm.informer.shows_since = lambda mark: polls["done"] > mark
+    pods.upsert(make_pod("p", "u1"))
+    pods.upsert(make_pod("q", "u2"))
+    first = asyncio.ensure_future(sync.reconcile("ns/p"))
+    try:
+        await wait_until(lambda: slurm.in_flight == 1)
+        polls["started"] += 1  # a poll while p's request is in flight: n1 still idle there
+        polls["done"] += 1
+    finally:
+        slurm.gate.set()
+        await asyncio.wait_for(first, 5)
+    await sync.reconcile("ns/q")
+    assert slurm.allocations == 1 and kube.bound == {"ns/p": "n1"}
+    assert not any(slurm.job(j).state == ["FAILED"] for j in slurm.jobs)

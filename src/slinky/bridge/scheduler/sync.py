@@ -504,7 +504,6 @@ class SchedulerSync:
         flying = self.claims.in_flight.values()
         if not immediate.worth_allocating(desc, allowed, informer.nodes, taken, flying):
             return None
-        mark = informer.mark()
         token = self.claims.start(desc)
         own = tokens is self.slurm.client.tokens
         nodes: list[str] = []
@@ -523,7 +522,9 @@ class SchedulerSync:
                 self.watch.adopt(job_id, job)
                 nodes = expand_hostlist(job.nodes)
         finally:
-            self.claims.finish(token, desc, nodes, mark)
+            # Marked when the answer is in: a poll that started before Slurm allocated
+            # (while the request was in flight) must not clear the claim.
+            self.claims.finish(token, desc, nodes, informer.mark())
         return job_id
 
     async def read_quietly(self, job_id: int) -> Job | None:
