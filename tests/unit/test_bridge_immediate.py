@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -97,7 +98,7 @@ def test_only_allowed_nodes_count_and_a_group_needs_one_free_node_per_pod() -> N
 
 def test_claims_take_what_our_allocations_took_until_a_later_poll_shows_it() -> None:
     nodes = {"a": node("a", ["IDLE"], cpus=8, mem=4096), "b": node("b", ["IDLE"])}
-    claims = Claims()
+    claims = Claims(min_age=0)
     claims.add(desc(cpus=2, mem=1000, exclusive=False), ["a"], mark=5)
     claims.add(desc(cpus=2, mem=1000, exclusive=False), ["a"], mark=5)
     taken = claims.overlay(nodes, lambda mark: False)
@@ -137,3 +138,14 @@ def test_allocations_answered_but_not_read_back_take_their_share_of_the_free_nod
     flying = list(shared.in_flight.values())
     assert worth_allocating(desc(cpus=1, exclusive=False), ["a", "b"], nodes, {}, flying)
     assert not worth_allocating(desc(cpus=2, exclusive=False), ["a", "b"], nodes, {}, flying)
+
+
+def test_a_claim_outlives_a_later_poll_for_a_second_and_more() -> None:
+    """A poll in the same second as the allocation can answer "no change" (update_time is
+    in whole seconds): the claim stays for CLAIM_MIN_S whatever the polls say."""
+    nodes = {"a": node("a", ["IDLE"])}
+    claims = Claims()
+    claims.add(desc(), ["a"], mark=1)
+    assert set(claims.overlay(nodes, lambda mark: True)) == {"a"}
+    claims.claims[0] = dataclasses.replace(claims.claims[0], at=-1e9)  # long ago
+    assert claims.overlay(nodes, lambda mark: True) == {}

@@ -31,6 +31,7 @@ a pending job's allocation (and time out, error 5004).
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable, Iterable, Mapping
 
 from slinky.slurm.models import Node, NodeState
@@ -105,22 +106,31 @@ def worth_allocating(
     return len(free) - whole >= count and spare >= cpus * count
 
 
+# A claim is kept at least this long: slurmctld answers a node poll by `update_time`, in
+# whole seconds, so a poll made in the same second as an allocation, but after the poll
+# before it, can answer "no change" and the cache miss it until the next change.
+CLAIM_MIN_S = 1.5
+
+
 @dataclasses.dataclass(frozen=True)
 class Claim:
-    """What one allocation of ours took on `node`, as of the informer mark `mark`."""
+    """What one allocation of ours took on `node`, as of the informer mark `mark` (and the
+    monotonic time `at`)."""
 
     node: str
     cpus: int
     memory: int
     exclusive: bool
     mark: int
+    at: float = 0.0
 
 
 class Claims:
     """The nodes our own allocations took that the Slurm informer's cache may not show yet;
-    a claim is dropped once a poll that started after it succeeded."""
+    a claim is dropped once a poll that started after it succeeded and `min_age` passed."""
 
-    def __init__(self) -> None:
+    def __init__(self, min_age: float = CLAIM_MIN_S) -> None:
+        self.min_age = min_age
         self.claims: list[Claim] = []
         self.in_flight: dict[int, Want] = {}  # allocations whose nodes are not known yet
         self._tokens = 0
@@ -139,13 +149,17 @@ class Claims:
 
     def add(self, desc: JSON, nodes: Iterable[str], mark: int) -> None:
         cpus, memory, exclusive, _ = _wants(desc)
-        self.claims.extend(Claim(n, cpus, memory, exclusive, mark) for n in nodes)
+        now = time.monotonic()
+        self.claims.extend(Claim(n, cpus, memory, exclusive, mark, now) for n in nodes)
 
     def overlay(
         self, nodes: Mapping[str, Node], shows_since: Callable[[int], bool]
     ) -> dict[str, Node]:
         """The nodes of `nodes` that claims the cache does not show yet took, as taken."""
-        self.claims = [c for c in self.claims if not shows_since(c.mark)]
+        now = time.monotonic()
+        self.claims = [
+            c for c in self.claims if not (shows_since(c.mark) and now - c.at >= self.min_age)
+        ]
         taken: dict[str, Node] = {}
         for c in self.claims:
             node = taken.get(c.node) or nodes.get(c.node)
