@@ -998,3 +998,30 @@ async def test_a_poll_made_while_an_allocation_was_in_flight_does_not_clear_its_
     await sync.reconcile("ns/q")
     assert slurm.allocations == 1 and kube.bound == {"ns/p": "n1"}
     assert not any(slurm.job(j).state == ["FAILED"] for j in slurm.jobs)
+
+
+async def test_a_submission_goes_after_the_allocations_asked_before_it() -> None:
+    """p's allocation is in flight on n1; q finds no free node and is submitted, but only
+    once p's request was answered: a pending job of ours ahead of an allocation makes Slurm
+    refuse it ("insufficient priority", a FAILED record each: ten per run in the bench).
+    While q's job is on its way, r counts it as pending and is submitted, not allocated."""
+    sync, slurm, _kube, pods = gated(["n1"])
+    idle(sync, "n1")
+    for name, uid in (("p", "u1"), ("q", "u2")):
+        pods.upsert(make_pod(name, uid))
+    first = asyncio.ensure_future(sync.reconcile("ns/p"))
+    second: asyncio.Future[Any] | None = None
+    try:
+        await wait_until(lambda: slurm.in_flight == 1)
+        second = asyncio.ensure_future(sync.reconcile("ns/q"))
+        await wait_until(lambda: sync.submitting.get("bridge") == 1)
+        assert len(slurm.jobs) == 0, "q's job waits for p's answer"
+        idle(sync, "n2")  # a node frees up meanwhile: r must still not jump the queue
+        pods.upsert(make_pod("r", "u3"))
+        await asyncio.wait_for(sync.reconcile("ns/r"), 5)  # it waits at most TURN_WAIT_S
+        assert slurm.most_in_flight == 1, "r asked for no allocation"
+    finally:
+        slurm.gate.set()
+        await asyncio.wait_for(asyncio.gather(first, *([second] if second else [])), 5)
+    assert slurm.allocations == 1
+    assert sorted(slurm.job(j).state[0] for j in slurm.jobs) == ["PENDING", "PENDING", "RUNNING"]

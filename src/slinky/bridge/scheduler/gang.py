@@ -233,6 +233,7 @@ class GangScheduler:
         else:
             self.labelled(pod)
         sync.ledger.wait(key, job_id)
+        sync.submitted.pop(job_id, None)
         sync.unseen.discard(key)
         sync.watch.track(job_id)
         job = await sync.job(job_id)

@@ -81,6 +81,8 @@ REJECT_BACKOFF_MAX_S = 300.0
 NO_NODE_RECHECK_S = 5.0
 # How long a pod waits at most for pods of higher priority in flight to ask first (`turn`).
 TURN_WAIT_S = 1.0
+# A job submitted whose pod never waited on it (gone meanwhile) stops counting as pending.
+SUBMITTED_FORGET_S = 30.0
 
 
 def priority(pod: JSON | None) -> int:
@@ -147,6 +149,11 @@ class SchedulerSync:
         # asks only once every pod of higher priority in flight has (see `turn`).
         self.undecided: dict[str, int] = {}
         self._decided = asyncio.Condition()
+        # Submissions on their way (by partition), and jobs submitted whose pods do not
+        # wait on them yet (job id -> partition, when): both count as pending jobs of ours.
+        self.submitting: dict[str, int] = {}
+        self.submitted: dict[int, tuple[str, float]] = {}
+        self._answered = asyncio.Condition()  # an allocation's answer came
 
     # ------------------------------------------------------------ which pods
 
@@ -467,7 +474,22 @@ class SchedulerSync:
             job_id = await self.allocate(desc, allowed, tokens)
             if job_id is not None:
                 return job_id
-        job_id = await self.slurm.client.submit_job(desc)
+        partition = str(desc["partition"])
+        # From here until the pod waits on it (`place`), the job counts as pending in its
+        # partition for the pods deciding beside this one; and it goes to Slurm only after
+        # the allocations asked before it were answered: a pending job of ours ahead of
+        # them would make Slurm refuse them ("insufficient priority").
+        self.submitting[partition] = self.submitting.get(partition, 0) + 1
+        try:
+            async with self._answered:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(
+                        self._answered.wait_for(lambda: not self.claims.in_flight), TURN_WAIT_S
+                    )
+            job_id = await self.slurm.client.submit_job(desc)
+            self.submitted[job_id] = (partition, time.monotonic())
+        finally:
+            self.submitting[partition] -= 1
         JOBS_CREATED.labels("submitted").inc()
         return job_id
 
@@ -482,8 +504,14 @@ class SchedulerSync:
         """Whether a placeholder job of ours waits in `partition`: Slurm would refuse a
         newer one at once ("insufficient priority"), and rightly, as pods go in order.
         Until every pod found labelled at start was looked at, its job may be one."""
-        if self.unseen:
+        if self.unseen or self.submitting.get(partition):
             return True
+        now = time.monotonic()
+        for job_id, (part, at) in list(self.submitted.items()):
+            if now - at > SUBMITTED_FORGET_S:
+                del self.submitted[job_id]  # its pod went before waiting on it
+            elif part == partition:
+                return True
         for job_id in self.ledger.waited_jobs():
             if job_id not in self.watch.jobs:
                 return True  # not read yet: it may be
@@ -525,6 +553,8 @@ class SchedulerSync:
             # Marked when the answer is in: a poll that started before Slurm allocated
             # (while the request was in flight) must not clear the claim.
             self.claims.finish(token, desc, nodes, informer.mark())
+            async with self._answered:
+                self._answered.notify_all()
         return job_id
 
     async def read_quietly(self, job_id: int) -> Job | None:
@@ -653,6 +683,7 @@ class SchedulerSync:
     async def place(self, pod: JSON, job_id: int) -> Result:
         key = placeholder.pod_key(pod)
         self.ledger.wait(key, job_id)
+        self.submitted.pop(job_id, None)  # the ledger has it now
         self.unseen.discard(key)
         self.watch.track(job_id)
         await self.cancel_replaced(pod)
