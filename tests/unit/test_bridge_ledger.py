@@ -101,3 +101,11 @@ def test_dropping_a_job_frees_every_pod_that_waited_on_it() -> None:
     assert ledger.drop_job(9) == ["ns/g-0", "ns/g-1"]
     assert ledger.waited_jobs() == [3] and ledger.waits_on("ns/g-1") is None
     assert ledger.drop_job(9) == []
+
+
+def test_a_submitted_job_counts_in_its_partition_until_a_pod_waits_on_it() -> None:
+    ledger = Ledger()
+    ledger.submitted(7, "bridge")
+    assert ledger.submitted_unwaited("bridge") and not ledger.submitted_unwaited("other")
+    ledger.wait("ns/p", 7)
+    assert not ledger.submitted_unwaited("bridge")

@@ -21,7 +21,7 @@
                workload controller's.
 
 Restart-safe like the single-pod path: the job id is remembered from Slurm's answer for
-every member (`SchedulerSync.submitted`) before the labels are written, and recovered at
+every member (`Ledger.made`) before the labels are written, and recovered at
 start from the job's admin_comment, which lists every member's UID.
 """
 
@@ -233,7 +233,6 @@ class GangScheduler:
         else:
             self.labelled(pod)
         sync.ledger.wait(key, job_id)
-        sync.submitted.pop(job_id, None)
         sync.unseen.discard(key)
         sync.watch.track(job_id)
         job = await sync.job(job_id)

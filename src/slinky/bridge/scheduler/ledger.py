@@ -12,7 +12,8 @@ scheduler remembers, here and only here:
 - **uncertain**: pods whose submission got no answer (slurmrestd down, a timeout): the job
   may exist, so Slurm is asked before another is made;
 - **waiting**: which pods wait on which job, both ways (the job watch wakes the pods of a job
-  that changed; many pods may wait on one job);
+  that changed; many pods may wait on one job); and the jobs submitted that no pod waits on
+  yet, by partition (pending in Slurm, as far as the pods deciding meanwhile know);
 - **replacements**: the job submitted to replace a pod's job, until the pod's label says so;
 - **owed cancels**: jobs the scheduler must cancel and could not yet (retried until Slurm
   takes them), and the jobs being marked as ours right now (not to be cancelled as unmarked).
@@ -23,8 +24,12 @@ this pod) is never decided from here: only the job's admin_comment says that.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+
+# A job submitted whose pod never waited on it (gone meanwhile) stops counting as pending.
+SUBMITTED_FORGET_S = 30.0
 
 
 class Ledger:
@@ -34,6 +39,7 @@ class Ledger:
         self._uncertain: dict[str, str] = {}
         self._waiters: dict[int, set[str]] = {}
         self._waits_on: dict[str, int] = {}
+        self._submitted: dict[int, tuple[str, float]] = {}  # job -> partition, when
         self._replacements: dict[str, int] = {}
         self._owed: set[int] = set()
         self._confirming: set[int] = set()
@@ -90,8 +96,23 @@ class Ledger:
 
     # ------------------------------------------------------------ waiting
 
+    def submitted(self, job_id: int, partition: str) -> None:
+        """`job_id` was submitted (it waits in Slurm's queue) and no pod waits on it yet."""
+        self._submitted[job_id] = (partition, time.monotonic())
+
+    def submitted_unwaited(self, partition: str) -> bool:
+        """Whether a job submitted in `partition` has no pod waiting on it yet."""
+        now = time.monotonic()
+        for job_id, (part, at) in list(self._submitted.items()):
+            if now - at > SUBMITTED_FORGET_S:
+                del self._submitted[job_id]  # its pod went before waiting on it
+            elif part == partition:
+                return True
+        return False
+
     def wait(self, key: str, job_id: int) -> None:
         """The pod at `key` waits on `job_id` (and on no other job)."""
+        self._submitted.pop(job_id, None)
         before = self._waits_on.get(key)
         if before is not None and before != job_id:
             self._drop_waiter(key, before)

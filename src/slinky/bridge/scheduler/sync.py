@@ -81,12 +81,17 @@ REJECT_BACKOFF_MAX_S = 300.0
 NO_NODE_RECHECK_S = 5.0
 # How long a pod waits at most for pods of higher priority in flight to ask first (`turn`).
 TURN_WAIT_S = 1.0
-# A job submitted whose pod never waited on it (gone meanwhile) stops counting as pending.
-SUBMITTED_FORGET_S = 30.0
 
 
 def priority(pod: JSON | None) -> int:
     return int(((pod or {}).get("spec") or {}).get("priority") or 0)
+
+
+async def wait_at_most(cond: asyncio.Condition, predicate: Callable[[], bool]) -> None:
+    """Wait until `predicate` holds, told by `cond`, for at most TURN_WAIT_S."""
+    async with cond:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(cond.wait_for(predicate), TURN_WAIT_S)
 
 
 def as_its_user(desc: JSON) -> JSON:
@@ -149,10 +154,9 @@ class SchedulerSync:
         # asks only once every pod of higher priority in flight has (see `turn`).
         self.undecided: dict[str, int] = {}
         self._decided = asyncio.Condition()
-        # Submissions on their way (by partition), and jobs submitted whose pods do not
-        # wait on them yet (job id -> partition, when): both count as pending jobs of ours.
+        # Submissions on their way, by partition: they count as pending jobs of ours (and,
+        # once answered, `Ledger.submitted` until their pods wait on them).
         self.submitting: dict[str, int] = {}
-        self.submitted: dict[int, tuple[str, float]] = {}
         self._answered = asyncio.Condition()  # an allocation's answer came
 
     # ------------------------------------------------------------ which pods
@@ -204,12 +208,9 @@ class SchedulerSync:
         if mine is None:
             return
 
-        def first() -> bool:
-            return not any(p > mine for k, p in self.undecided.items() if k != key)
-
-        async with self._decided:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._decided.wait_for(first), TURN_WAIT_S)
+        await wait_at_most(
+            self._decided, lambda: not any(p > mine for k, p in self.undecided.items() if k != key)
+        )
         await self.decided(key)
 
     async def decided(self, key: str) -> None:
@@ -481,13 +482,9 @@ class SchedulerSync:
         # them would make Slurm refuse them ("insufficient priority").
         self.submitting[partition] = self.submitting.get(partition, 0) + 1
         try:
-            async with self._answered:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(
-                        self._answered.wait_for(lambda: not self.claims.in_flight), TURN_WAIT_S
-                    )
+            await wait_at_most(self._answered, lambda: not self.claims.in_flight)
             job_id = await self.slurm.client.submit_job(desc)
-            self.submitted[job_id] = (partition, time.monotonic())
+            self.ledger.submitted(job_id, partition)
         finally:
             self.submitting[partition] -= 1
         JOBS_CREATED.labels("submitted").inc()
@@ -506,12 +503,8 @@ class SchedulerSync:
         Until every pod found labelled at start was looked at, its job may be one."""
         if self.unseen or self.submitting.get(partition):
             return True
-        now = time.monotonic()
-        for job_id, (part, at) in list(self.submitted.items()):
-            if now - at > SUBMITTED_FORGET_S:
-                del self.submitted[job_id]  # its pod went before waiting on it
-            elif part == partition:
-                return True
+        if self.ledger.submitted_unwaited(partition):
+            return True
         for job_id in self.ledger.waited_jobs():
             if job_id not in self.watch.jobs:
                 return True  # not read yet: it may be
@@ -683,7 +676,6 @@ class SchedulerSync:
     async def place(self, pod: JSON, job_id: int) -> Result:
         key = placeholder.pod_key(pod)
         self.ledger.wait(key, job_id)
-        self.submitted.pop(job_id, None)  # the ledger has it now
         self.unseen.discard(key)
         self.watch.track(job_id)
         await self.cancel_replaced(pod)
