@@ -10,11 +10,13 @@ managed-node taint (it would evict the test bed's own pods there). Each pod runs
 bench: one machine).
 
 Each hand-over on a node (pod A ends, pod B starts) is split into:
-- report: A's container ended -> the bench's watch sees A Succeeded (the kubelet's status
-  report);
-- bridge: A Succeeded seen -> B seen bound (the bridge cancels A's job and nudges Slurm,
-  Slurm allocates B's job, the bridge sees it and binds B);
+- report: A's container ended -> the bench's watch sees A's containers reported ended (the
+  kubelet's status report; its PLEG relists every second);
+- bridge: that -> B seen bound (the bridge cancels A's job and nudges Slurm, Slurm allocates
+  B's job, the bridge sees it and binds B);
 - start: B bound -> B's container started (the kubelet: sandbox, container).
+Also printed: terminal, A's container ended -> A seen Succeeded (the kubelet writes the phase
+once it has torn down the sandbox; the bridge no longer waits for it when B fits beside A).
 
 Baseline, the same run: the ideal time (pods x 5 s / nodes, no gap) and the 5 s the pods
 themselves measured. Run: `python -m bench.bench_handover` (in `make bench`). Env:
@@ -36,6 +38,7 @@ from typing import Any
 
 from bench.bench_bridge import OWN_NS, SCHEDULER, bridge_bench, start_bridge, stop_bench, until
 from bench.common import bench_testbed, pct
+from slinky.bridge import podcontrol
 from slinky.bridge.labels import EXTERNAL_NODE
 from slinky.kube import rest
 from slinky.kube.informer import Handler, InformerFactory
@@ -57,6 +60,7 @@ class Seen:
     """When the bench's watch first saw each pod bound and Succeeded (wall clock)."""
 
     bound: dict[str, float] = field(default_factory=dict)
+    ended: dict[str, float] = field(default_factory=dict)
     succeeded: dict[str, float] = field(default_factory=dict)
     node: dict[str, str] = field(default_factory=dict)
 
@@ -66,6 +70,8 @@ class Seen:
         if node and name not in self.bound:
             self.bound[name] = time.time()
             self.node[name] = node
+        if podcontrol.has_ended(pod) and name not in self.ended:
+            self.ended[name] = time.time()
         if (pod.get("status") or {}).get("phase") == "Succeeded" and name not in self.succeeded:
             self.succeeded[name] = time.time()
 
@@ -154,6 +160,7 @@ class Result:
     makespan: float  # first container start -> last container end
     gaps: list[float]  # per hand-over: B start - A end
     report: list[float]
+    terminal: list[float]
     bridge: list[float]
     start: list[float]
     runtimes: list[float]
@@ -183,13 +190,14 @@ async def one_run(
         if out.returncode != 0 or len(stamps) < 2:
             raise SystemExit(f"bench: logs of pod {name}: {out.stdout!r} {out.stderr.strip()}")
         times[name] = (float(stamps[0]), float(stamps[1]))
-    gaps, report, bridge, start_lat = [], [], [], []
+    gaps, report, terminal, bridge, start_lat = [], [], [], [], []
     for node in node_names:
         on = sorted((n for n in names if seen.node.get(n) == node), key=lambda n: times[n][0])
         for a, b in itertools.pairwise(on):
             gaps.append(times[b][0] - times[a][1])
-            report.append(seen.succeeded[a] - times[a][1])
-            bridge.append(seen.bound[b] - seen.succeeded[a])
+            report.append(seen.ended[a] - times[a][1])
+            terminal.append(seen.succeeded[a] - times[a][1])
+            bridge.append(seen.bound[b] - seen.ended[a])
             start_lat.append(times[b][0] - seen.bound[b])
     await kube.request("DELETE", rest.PODS.path(NS), params={"labelSelector": f"bench-run={run}"})
     return Result(
@@ -198,6 +206,7 @@ async def one_run(
         makespan=max(e for _, e in times.values()) - min(s for s, _ in times.values()),
         gaps=gaps,
         report=report,
+        terminal=terminal,
         bridge=bridge,
         start=start_lat,
         runtimes=[e - s for s, e in times.values()],
@@ -247,6 +256,7 @@ def report(results: list[Result]) -> None:
     print("  bridge: slurmPollInterval 500ms, immediateAllocation on; machine: 2 cores, shared")
     head = (
         "  pods nodes  makespan    ideal  ratio  gap p50  gap p99 | report p50 bridge p50 start p50"
+        " | terminal p50"
     )
     print(head)
     for r in results:
@@ -255,7 +265,7 @@ def report(results: list[Result]) -> None:
             f"  {r.pods:4d} {r.nodes:5d} {r.makespan:8.1f}s {ideal:7.1f}s "
             f"{r.makespan / ideal:5.2f}x "
             f"{ms(pct(r.gaps, 50)):>8} {ms(pct(r.gaps, 99)):>8} | {ms(pct(r.report, 50)):>10} "
-            f"{ms(pct(r.bridge, 50)):>10} {ms(pct(r.start, 50)):>9}"
+            f"{ms(pct(r.bridge, 50)):>10} {ms(pct(r.start, 50)):>9} | {ms(pct(r.terminal, 50)):>12}"
         )
     runtimes = [t for r in results for t in r.runtimes]
     print(

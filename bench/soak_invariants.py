@@ -15,13 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from slinky.bridge import labels as bridge_labels
-from slinky.bridge import placeholder
+from slinky.bridge import placeholder, podcontrol
 from slinky.bridge.groups import PODGROUP_LABEL
 from slinky.slurm.models import Job, expand_hostlist
 from slinky_testbed import dev_bridge
 
 JSON = dict[str, Any]
-TERMINAL = ("Succeeded", "Failed")
 
 
 @dataclass(frozen=True)
@@ -40,12 +39,8 @@ class Snapshot:
         return out
 
     def live_pods(self) -> dict[str, JSON]:
-        """Pods not finished, by UID."""
-        return {
-            str(p["metadata"]["uid"]): p
-            for p in self.pods
-            if (p.get("status") or {}).get("phase") not in TERMINAL
-        }
+        """Pods not finished (terminal, or every container ended for good), by UID."""
+        return {str(p["metadata"]["uid"]): p for p in self.pods if not podcontrol.has_ended(p)}
 
 
 def _names(pods: dict[str, str]) -> str:
@@ -101,7 +96,7 @@ def misbound_pods(s: Snapshot) -> dict[str, str]:
     for pod in s.pods:
         meta, spec = pod["metadata"], pod.get("spec") or {}
         node = spec.get("nodeName")
-        if not node or (pod.get("status") or {}).get("phase") in TERMINAL:
+        if not node or podcontrol.has_ended(pod):
             continue
         key = f"{meta['namespace']}/{meta['name']}"
         label = (meta.get("labels") or {}).get(bridge_labels.SLURM_JOBID)
@@ -138,7 +133,11 @@ def pods_outliving_jobs(s: Snapshot) -> dict[str, str]:
     out = {}
     for pod in s.pods:
         meta = pod["metadata"]
-        if (pod.get("status") or {}).get("phase") != "Running" or meta.get("deletionTimestamp"):
+        if (
+            (pod.get("status") or {}).get("phase") != "Running"
+            or meta.get("deletionTimestamp")
+            or podcontrol.containers_ended(pod)  # nothing runs: its job was given back
+        ):
             continue
         label = (meta.get("labels") or {}).get(bridge_labels.SLURM_JOBID)
         if not label:

@@ -19,7 +19,7 @@ from typing import Any
 import httpx2
 import pytest
 
-from slinky.bridge import placeholder
+from slinky.bridge import placeholder, podcontrol
 from slinky.bridge.config import BridgeConfig, parse_config
 from slinky.bridge.labels import (
     EXTERNAL_NODE,
@@ -31,6 +31,7 @@ from slinky.bridge.labels import (
 )
 from slinky.bridge.nodes.registration import registered_for
 from slinky.kube import conditions, rest
+from slinky.kube.quantity import parse_quantity
 from slinky.operator.resources import CLUSTERS
 from slinky.slurm.models import Job
 from slinky_testbed import nodes
@@ -683,7 +684,7 @@ async def test_pods_created_at_once_each_get_an_exclusive_node_or_wait(
         holding = [
             p["spec"]["nodeName"]
             for p in pods
-            if p["spec"].get("nodeName") and p["status"].get("phase") != "Succeeded"
+            if p["spec"].get("nodeName") and not podcontrol.has_ended(p)
         ]
         assert len(holding) == len(set(holding)), f"two pods on one node: {sorted(holding)}"
         waiting = [p for p in pods if not p["spec"].get("nodeName")]
@@ -761,7 +762,7 @@ async def test_pods_waiting_for_busy_nodes_start_in_slurms_order_and_none_overta
         holding = [
             p["spec"]["nodeName"]
             for p in pods
-            if p["spec"].get("nodeName") and p["status"].get("phase") != "Succeeded"
+            if p["spec"].get("nodeName") and not podcontrol.has_ended(p)
         ]
         assert len(holding) == len(set(holding)), f"two pods on one node: {sorted(holding)}"
         done = sum(1 for p in pods if p["status"].get("phase") == "Succeeded")
@@ -777,6 +778,53 @@ async def test_pods_waiting_for_busy_nodes_start_in_slurms_order_and_none_overta
         "DELETE", rest.PODS.path(ns), params={"labelSelector": f"e2e-burst={run}"}
     )
     for name in [*blockers, *(f"{run}-{i}" for i in range(6)), f"{run}-late"]:
+        await pod_gone(env, name, ns)
+
+
+async def test_a_pod_that_would_not_fit_beside_an_ended_pod_waits_until_the_kubelet_releases_it(
+    bridge: BridgeEnv, managed_node: str
+) -> None:
+    """The bridge gives a pod's job back once its containers ended, before the kubelet has
+    torn the pod down and reported it terminal. The next pod Slurm puts on that node asks
+    for more than fits beside the old one: bound at once, the kubelet would refuse it
+    (OutOfcpu) and it would fail. It is bound only after the old pod is terminal, and runs
+    to Succeeded."""
+    env, ns = bridge, bridge.managed_namespace
+    run = f"release-{uuid.uuid4().hex[:6]}"
+    node = await env.kube.get(rest.NODES, managed_node)
+    cpu = parse_quantity(node["status"]["allocatable"]["cpu"])
+    ask = f"{int(cpu * 600)}m"  # 60%: two never fit together
+
+    def big(name: str, seconds: int) -> JSON:
+        pod = workload_pod(name, ["sleep", str(seconds)])
+        pod["metadata"]["labels"] = {"e2e-burst": run}
+        pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] = ask
+        return pod
+
+    first, second = f"{run}-a", f"{run}-b"
+    await env.kube.create(rest.PODS, big(first, 2), ns)
+    await pod_where(env, first, ns, lambda p: p["status"].get("phase") == "Running", "Running")
+    await env.kube.create(rest.PODS, big(second, 1), ns)
+    seen: dict[str, JSON] = {}
+
+    async def second_done() -> JSON | None:
+        # The second pod first, then the first: a bound second pod beside a first one not
+        # yet terminal, read after it, was bound before the kubelet released the node.
+        b, a = await get_pod(env, second, ns), await get_pod(env, first, ns)
+        assert b is not None and a is not None
+        if b["spec"].get("nodeName") and "bound" not in seen:
+            seen["bound"] = b
+            assert podcontrol.is_terminal(a), (
+                f"{second} bound while {first} was {a['status'].get('phase')}"
+            )
+        return b if podcontrol.is_terminal(b) else None
+
+    done = await wait_for(second_done, timeout=120, interval=0.1, what=f"{second} terminal")
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    await env.kube.request(
+        "DELETE", rest.PODS.path(ns), params={"labelSelector": f"e2e-burst={run}"}
+    )
+    for name in (first, second):
         await pod_gone(env, name, ns)
 
 

@@ -24,7 +24,57 @@ def job_id_of(pod: JSON) -> int | None:
 
 
 def is_terminal(pod: JSON) -> bool:
+    """The kubelet reported the pod's phase terminal: it no longer counts the pod at all."""
     return (pod.get("status") or {}).get("phase") in TERMINAL_PHASES
+
+
+def _terminated(statuses: list[JSON] | None, name: str) -> JSON | None:
+    for s in statuses or []:
+        if s.get("name") == name:
+            return ((s.get("state") or {}).get("terminated")) or None
+    return None
+
+
+def containers_ended(pod: JSON) -> bool:
+    """Every container of the pod has ended and none will run again (restartPolicy Never,
+    or OnFailure with every exit code 0; sidecars ended too). The kubelet reports this
+    about a second before the terminal phase, which it writes only once it has torn down
+    the pod's sandbox. A container with restart rules of its own is left to the phase."""
+    spec = pod.get("spec") or {}
+    status = pod.get("status") or {}
+    policy = spec.get("restartPolicy") or "Always"
+    containers = spec.get("containers") or []
+    if policy == "Always" or not containers:
+        return False
+    if any(c.get("restartPolicy") or c.get("restartPolicyRules") for c in containers):
+        return False
+    for c in containers:
+        ended = _terminated(status.get("containerStatuses"), str(c.get("name")))
+        if ended is None or (policy == "OnFailure" and ended.get("exitCode") != 0):
+            return False
+    return all(
+        _terminated(status.get("initContainerStatuses"), str(c.get("name"))) is not None
+        for c in spec.get("initContainers") or []
+        if c.get("restartPolicy") == "Always"
+    )
+
+
+def has_ended(pod: JSON) -> bool:
+    """Terminal, or its containers have all ended for good (`containers_ended`): nothing of
+    it runs any more, so its Slurm job is no longer needed."""
+    return is_terminal(pod) or containers_ended(pod)
+
+
+def ended_failed(pod: JSON) -> bool:
+    """The pod failed: phase Failed, or its containers ended and one exited non-zero."""
+    if is_terminal(pod):
+        return (pod.get("status") or {}).get("phase") == "Failed"
+    if not containers_ended(pod):
+        return False
+    return any(
+        (_terminated([s], str(s.get("name"))) or {}).get("exitCode") != 0
+        for s in (pod.get("status") or {}).get("containerStatuses") or []
+    )
 
 
 def is_deleting(pod: JSON) -> bool:

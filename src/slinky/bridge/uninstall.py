@@ -105,7 +105,7 @@ def unsettled(pod: JSON, scheduler_name: str) -> bool:
     return (
         podcontrol.has_finalizer(pod)
         and (pod.get("spec") or {}).get("schedulerName") == scheduler_name
-        and podcontrol.is_terminal(pod)
+        and podcontrol.has_ended(pod)
     )
 
 

@@ -81,6 +81,8 @@ def build(
         return sync.schedulable(new) or (old is not None and sync.schedulable(old))
 
     ctrl.watch(pods, predicate=waits)
+    # A pod of ours that turns terminal (or goes) frees its node for the pods held for it.
+    ctrl.watch(pods, mapper=sync.released)
     # A node that changes may now take a pod that no node could take.
     ctrl.watch(nodes, mapper=lambda _node: list(sync.unfit))
     # A node added, relabelled or retainted changes what a waiting job must exclude.

@@ -275,12 +275,17 @@ class GangScheduler:
             # nothing, so none of the others is bound.
             await self.abandon(group, job_id, f"pod {gone[0]} of {group.describe()} went away")
             return DONE
-        binds = []
-        for i, member_key in enumerate(comment.pods):
-            p = ours.get(member_key)
-            if p is None or not sync.schedulable(p):
-                continue  # gone, or bound already
-            binds.append(self.bind(p, job_id, allocated[i], nodes[allocated[i]]))
+        to_bind = [
+            (p, allocated[i])
+            for i, member_key in enumerate(comment.pods)
+            if (p := ours.get(member_key)) is not None and sync.schedulable(p)
+        ]  # the others are gone, or bound already
+        for p, slurm_node in to_bind:
+            node_obj = found[slurm_node]
+            if node_obj is not None and (leaving := sync.leaving_blocks(p, node_obj)):
+                # All or nothing: no member is bound while one waits for its node.
+                return await sync.wait_for_release(pod, job_id, nodes[slurm_node], leaving)
+        binds = [self.bind(p, job_id, s, nodes[s]) for p, s in to_bind]
         # All members in flight together (each binding is its own request); a failure is
         # raised once every one has been answered, and the pass retried binds the rest.
         results = await asyncio.gather(*binds, return_exceptions=True)
@@ -442,7 +447,7 @@ def stays(pod: JSON | None) -> bool:
         return False
     if podcontrol.node_of(pod):
         return True
-    return not podcontrol.is_deleting(pod) and not podcontrol.is_terminal(pod)
+    return not podcontrol.is_deleting(pod) and not podcontrol.has_ended(pod)
 
 
 def started(ours: dict[str, JSON | None]) -> bool:

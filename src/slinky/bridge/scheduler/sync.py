@@ -45,7 +45,7 @@ from slinky.bridge.jobwatch import JobWatch
 from slinky.bridge.labels import REPLACED_JOB, SLURM_JOBID
 from slinky.bridge.nodes.controller import BY_SLURM_NAME
 from slinky.bridge.nudge import nudge
-from slinky.bridge.scheduler import exclusion, immediate
+from slinky.bridge.scheduler import exclusion, handover, immediate
 from slinky.bridge.scheduler.gang import GangScheduler
 from slinky.bridge.scheduler.ledger import Ledger
 from slinky.bridge.scheduler.metrics import (
@@ -81,6 +81,10 @@ REJECT_BACKOFF_MAX_S = 300.0
 NO_NODE_RECHECK_S = 5.0
 # How long a pod waits at most for pods of higher priority in flight to ask first (`turn`).
 TURN_WAIT_S = 1.0
+# A pod allocated a node that a pod of ours is leaving (`handover`): looked at again this
+# often besides when that pod turns terminal, and says why it waits after RELEASE_QUIET_S.
+RELEASE_RECHECK_S = 5.0
+RELEASE_QUIET_S = 3.0
 
 
 def priority(pod: JSON | None) -> int:
@@ -127,6 +131,7 @@ class SchedulerSync:
         self.config = config
         self.is_managed = is_managed or self.listed
         self.pods = pods
+        pods.store.add_indexer(handover.BY_NODE, handover.index_node)
         self.nodes = nodes
         self.slurm = slurm
         self.watch = watch
@@ -158,6 +163,10 @@ class SchedulerSync:
         # once answered, `Ledger.submitted` until their pods wait on them).
         self.submitting: dict[str, int] = {}
         self._answered = asyncio.Condition()  # an allocation's answer came
+        # Pods allocated a node that a pod of ours is leaving and that would not fit beside
+        # it (`handover`), by node; and since when each waits.
+        self.held: dict[str, set[str]] = {}
+        self.held_since: dict[str, float] = {}
 
     # ------------------------------------------------------------ which pods
 
@@ -179,6 +188,7 @@ class SchedulerSync:
 
     def forget(self, key: str) -> None:
         self.unfit.discard(key)
+        self.held_since.pop(key, None)
         self.unseen.discard(key)
         job_id = self.ledger.stop_waiting(key)
         if job_id is not None:
@@ -715,6 +725,8 @@ class SchedulerSync:
             )
             self.recorder.event(pod, events.WARNING, "NodeNotFound", message, action="Bind")
             return Result(requeue_after=NO_NODE_RECHECK_S)
+        if node_obj is not None and (leaving := self.leaving_blocks(pod, node_obj)):
+            return await self.wait_for_release(pod, job_id, node, leaving)
         try:
             await podcontrol.bind(self.kube, pod, node, slurm_node)
         except rest.ApiError as e:
@@ -735,6 +747,40 @@ class SchedulerSync:
         )
         self.forget(key)
         return DONE
+
+    def leaving_blocks(self, pod: JSON, node_obj: JSON) -> str | None:
+        """A pod of ours leaving the node that `pod` does not fit beside (`handover`)."""
+        node = str(node_obj["metadata"]["name"])
+        return handover.leaving_blocks(
+            pod, node_obj, self.pods.store.by_index(handover.BY_NODE, node)
+        )
+
+    async def wait_for_release(self, pod: JSON, job_id: int, node: str, leaving: str) -> Result:
+        """`pod` waits for `leaving` to be terminal or gone (`released` brings it back);
+        after RELEASE_QUIET_S it says so."""
+        key = placeholder.pod_key(pod)
+        self.held.setdefault(node, set()).add(key)
+        since = self.held_since.setdefault(key, time.monotonic())
+        if time.monotonic() - since >= RELEASE_QUIET_S:
+            await podcontrol.set_unschedulable(
+                self.kube,
+                pod,
+                "NodeReleasing",
+                f"Slurm job {job_id} was allocated node {node}, where pod {leaving} has ended "
+                "but the kubelet has not released it yet; the pod does not fit beside it",
+            )
+        return Result(requeue_after=RELEASE_RECHECK_S)
+
+    def released(self, pod: JSON) -> list[str]:
+        """The pods held for `pod`'s node (`wait_for_release`), when `pod` is terminal or
+        gone now (a mapper of pod events)."""
+        node = podcontrol.node_of(pod)
+        if node not in self.held:
+            return []
+        now = self.pods.store.get(placeholder.pod_key(pod))
+        if now is not None and not podcontrol.is_terminal(now):
+            return []
+        return sorted(self.held.pop(node))
 
     async def job_lost(self, pod: JSON, job_id: int, why: str) -> Result:
         """The job of a pod that was never bound is lost (`why`): Slurm no longer knows it

@@ -3,7 +3,10 @@ steps. Slurm is the source of truth for what runs on managed nodes:
 
 1. `pod_gone`      — the pod is gone: its job is cancelled unless another pod of the job
                      still runs;
-2. `pod_finished`  — the pod is terminal (Succeeded/Failed), or deleted while it never left
+2. `pod_finished`  — the pod is terminal (Succeeded/Failed) or every container of it has
+                     ended for good (`podcontrol.containers_ended`: the kubelet says so
+                     about a second before the phase, and Slurm can give the node to the
+                     next job meanwhile), or deleted while it never left
                      Pending: its job is cancelled (same rule), then the finalizer goes. A
                      bound pod that is Terminating but still runs keeps its job until the
                      kubelet reports it terminal, so its containers keep what Slurm gave them;
@@ -138,10 +141,10 @@ class WorkloadSync:
             return await self.pod_gone(key)
         job_id = podcontrol.job_id_of(pod)
         if job_id is None:
-            if podcontrol.is_terminal(pod) or podcontrol.is_deleting(pod):
+            if podcontrol.has_ended(pod) or podcontrol.is_deleting(pod):
                 await podcontrol.remove_finalizer(self.kube, pod)
             return DONE
-        if podcontrol.is_terminal(pod) or (
+        if podcontrol.has_ended(pod) or (
             podcontrol.is_deleting(pod) and not podcontrol.node_of(pod)
         ):
             if not podcontrol.has_finalizer(pod):
@@ -176,7 +179,7 @@ class WorkloadSync:
                 and p is not None
                 and (not uid or p["metadata"].get("uid") == uid)
                 and podcontrol.job_id_of(p) in (None, job.job_id)
-                and not podcontrol.is_terminal(p)
+                and not podcontrol.has_ended(p)
                 and not podcontrol.is_deleting(p)
             ):
                 return True
@@ -238,9 +241,15 @@ class WorkloadSync:
     async def pod_finished(self, pod: JSON, job_id: int) -> Result:
         key = placeholder.pod_key(pod)
         phase = (pod.get("status") or {}).get("phase") or "Pending"
+        if not podcontrol.is_terminal(pod) and podcontrol.containers_ended(pod):
+            phase = "ended (every container exited)"
         why = f"pod {key} is {phase}" + (" and deleted" if podcontrol.is_deleting(pod) else "")
         await self.cancel(
-            job_id, key, why, str(pod["metadata"].get("uid") or ""), failed=phase == "Failed"
+            job_id,
+            key,
+            why,
+            str(pod["metadata"].get("uid") or ""),
+            failed=podcontrol.ended_failed(pod),
         )
         await podcontrol.remove_finalizer(self.kube, pod)
         return DONE
@@ -337,7 +346,7 @@ class WorkloadSync:
             return DONE
         for key, uid in comment.pods.items():
             pod = await self.live_pod(key, uid)
-            if pod is not None and not podcontrol.is_terminal(pod):
+            if pod is not None and not podcontrol.has_ended(pod):
                 return DONE  # its pod runs (or waits): the job is its, not an orphan
         await self.slurm.client.cancel_job(job_id)
         self.slurm.informer.poke()
@@ -401,7 +410,7 @@ class WorkloadSync:
         """Whether the pod (that very one, when the UID is known) exists and has not ended:
         it may still need its job."""
         pod = await self.live_pod(key, uid)
-        return pod is not None and not podcontrol.is_terminal(pod)
+        return pod is not None and not podcontrol.has_ended(pod)
 
     async def live_pod(self, key: str, uid: str) -> JSON | None:
         """The pod (that very one, when the UID is known), or None; asks the apiserver when
