@@ -203,6 +203,21 @@ def judge_job(soak: Soak, job: TrackedJob, slurm_log: dict[int, list[str]]) -> V
             + then,
             evidence,
         )
+    lines = slurm_log.get(job.job_id, [])
+    lost_launch = [t for t in soak.slurmctld_kills if ran_from <= t <= end]
+    if (
+        lost_launch
+        and any("Registered PENDING" in ln for ln in lines)
+        and any("Job credential revoked" in ln for ln in lines)
+    ):
+        return Verdict(
+            key,
+            SLURM,
+            f"{job.first_end}: slurmctld, killed -9 at {soak.rel(lost_launch[0])} before it saved "
+            "the job's allocation, came back with the job PENDING while its batch step ran on "
+            "the node; it revoked the job's credential there and failed the next launch",
+            evidence,
+        )
     reason = job.last.state_reason if job.last else ""
     return Verdict(
         key, KILLED, f"{job.first_end} ({reason}), requeued {job.restart_cnt} times", evidence

@@ -83,6 +83,36 @@ def test_a_job_revived_and_requeued_by_a_slurmctld_kill_right_after_it_completed
     assert "requeued it" in verdict.why
 
 
+def test_a_job_whose_allocation_a_slurmctld_kill_lost_while_its_step_ran_is_slurms(
+    tmp_path: Path,
+) -> None:
+    """The soak: job 49 was allocated batch-0 and launched; slurmctld was killed -9 before
+    it saved that, came back with the job PENDING, found its step running on batch-0,
+    revoked the credential there and failed the job's next launch."""
+    from bench.soak_report import KILLED, SLURM, judge_job
+
+    s = soak(tmp_path)
+    allocated = datetime(2026, 11, 29, 15, 28, 30).timestamp()
+    job = TrackedJob(49, "soak-b30", "batch", 1, 55, allocated - 180)
+    job.states = [(allocated + 20, "FAILED")]
+    job.first_end, job.ended_at = "FAILED", allocated + 20
+    job.last = listed(49, "soak-b30", "FAILED")
+    log = {
+        49: [
+            "[2026-11-29T15:28:30.000] sched: Allocate JobId=49 NodeList=batch-0 #CPUs=1",
+            "[2026-11-29T15:28:37.013] error: Registered PENDING JobId=49 StepId=49.batch on "
+            "node batch-0",
+            "[2026-11-29T15:28:38.008] Killing non-startable batch JobId=49: Job credential "
+            "revoked",
+        ]
+    }
+    assert judge_job(s, job, log).verdict == KILLED  # no slurmctld kill: ours to explain
+    s.slurmctld_kills.append(allocated + 0.8)
+    verdict = judge_job(s, job, log)
+    assert verdict.verdict == SLURM, verdict
+    assert "revoked" in verdict.why
+
+
 def test_a_breach_spanning_a_second_slurmctld_kill_gets_its_grace_from_the_last_kill() -> None:
     """The soak: pods bound where Slurm no longer allocated, right after a slurmctld kill -9;
     slurmctld was killed again 16.6 s later and the bridge repaired it 13.5 s after that
