@@ -275,6 +275,22 @@ async def test_a_nudge_writes_a_pending_jobs_admin_comment_back_unchanged() -> N
     assert slurm.updates == [(8, {"admin_comment": ours})]
 
 
+async def test_a_nudge_goes_to_the_next_pending_job_when_the_first_has_started_since() -> None:
+    """The hand-over bench: Slurm's pass started job 8 just before the cancel freed another
+    node; the nudge found 8 no longer pending and gave up, and the freed node stood idle 7 s
+    until Slurm's next pass. Job 9, still pending, takes the nudge."""
+    sync, slurm, _kube, _pods, _ = setup(phase="Succeeded")
+    comments = {j: placeholder.admin_comment([make_pod(f"w{j}", f"u{j}")], CONFIG) for j in (8, 9)}
+    for j, comment in comments.items():
+        slurm.jobs[j] = pending_job(j, comment)
+        sync.watch.track(j)
+        sync.watch.jobs[j] = slurm.job(j)
+    slurm.allocate(8, "n2")  # started by Slurm; the watch has not seen it yet
+    await sync.reconcile("ns/p")
+    assert slurm.cancelled == [7]
+    assert slurm.updates == [(9, {"admin_comment": comments[9]})]
+
+
 async def test_a_nudge_never_writes_a_cached_comment_onto_a_job_that_took_its_id() -> None:
     """The watch still holds a pending job of ours read before slurmctld restarted from an
     older state save and gave its id to another job. Writing the cached admin_comment on

@@ -61,6 +61,8 @@ from slinky.types import JSON
 log = logging.getLogger(__name__)
 
 BY_JOB = "slurm-jobid"
+# How many pending jobs of ours a nudge tries before it leaves the pass to Slurm's timer.
+NUDGE_TRIES = 3
 REVIVED_PREFIX = "revived-job:"  # work queue key of a cancelled job Slurm brought back
 UNCONFIRMED_PREFIX = "unconfirmed-job:"  # ... of an allocation never marked as ours
 ORPHANS_KEY = "orphaned-jobs"  # ... of a sweep for live jobs whose pods are gone or ended
@@ -217,13 +219,21 @@ class WorkloadSync:
 
     async def nudge_slurm(self) -> None:
         """A cancelled job freed its node: Slurm is nudged into a scheduling pass through
-        one pending job of ours (see `nudge`)."""
+        one pending job of ours (see `nudge`). A job the watch last saw pending may have
+        started since (a pass that ran just before this node was freed): the next one is
+        tried, up to NUDGE_TRIES; without a nudge the node would wait for Slurm's periodic
+        pass (the hand-over bench saw a node idle 7 s)."""
+        tries = 0
         for job_id, job in list(self.watch.jobs.items()):
             if job is None or not job.is_pending:
                 continue
             comment = str(job.raw.get("admin_comment") or "")
-            if placeholder.read_comment(comment) is not None:
-                await nudge(self.slurm.client, job_id, comment)
+            if placeholder.read_comment(comment) is None:
+                continue
+            if await nudge(self.slurm.client, job_id, comment):
+                return
+            tries += 1
+            if tries >= NUDGE_TRIES:
                 return
 
     # ------------------------------------------------------------ 1. pod gone
