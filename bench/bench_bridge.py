@@ -497,8 +497,6 @@ async def run() -> None:
     bed = bench_testbed(kwok_nodes=KWOK_NODES)
     state = bed.load()
     kwok = state.kwok_nodes[:KWOK_NODES]
-    if len(kwok) < KWOK_NODES:
-        print(f"  note: the bench test bed has {len(kwok)} kwok nodes (wanted {KWOK_NODES})")
     work, kube, slurm = await bridge_bench(bed, "bridge", (NS, OWN_NS))
     proxy = CountingProxy(bed.slurm_rest_url)
     proxy_url = await proxy.start()
