@@ -252,6 +252,47 @@ async def test_a_cancelled_job_is_followed_until_purged_and_a_revived_one_is_tol
         await watch.stop()
 
 
+async def test_a_state_read_asked_before_the_cancel_is_no_revival() -> None:
+    """The bench: hundreds of pods ended at once; a batched state request asked while job 1
+    still ran came back just after the workload controller cancelled it, saying RUNNING:
+    'cancelled earlier, live again' and a read of the job, for each. Only a look asked
+    after the cancel can tell a revival."""
+    slurm = FakeSlurm()
+    slurm.set(1, "RUNNING", "n1")
+    revived: list[int] = []
+    watch = JobWatch(  # type: ignore[arg-type]
+        slurm,
+        on_change=lambda _: None,
+        on_revived=revived.append,
+        max_interval=0.05,
+        settled_interval=0.1,
+    )
+    gate, asked = asyncio.Event(), asyncio.Event()
+    states = slurm.job_states
+
+    async def slow_states(job_ids: list[int]) -> dict[int, list[str]]:
+        answer = await states(job_ids)
+        asked.set()
+        await gate.wait()
+        return answer
+
+    slurm.job_states = slow_states  # type: ignore[method-assign]
+    watch.start()
+    try:
+        watch.track(1)
+        await asyncio.wait_for(asked.wait(), 5)  # the look is in flight, RUNNING read
+        slurm.set(1, "CANCELLED", "n1")
+        watch.follow_cancelled(1)
+        gate.set()
+        looks = len(slurm.looks)
+        await until(lambda: len(slurm.looks) >= looks + 2)  # followed on, with fresh looks
+        assert revived == []
+        slurm.set(1, "RUNNING", "n1")  # a real revival is still told
+        await until(lambda: revived == [1])
+    finally:
+        await watch.stop()
+
+
 async def test_a_node_event_during_a_look_is_not_lost_to_the_settled_tick() -> None:
     """A running job is being looked at (its state read says RUNNING) when a node event
     comes, for the job's end: the look must not push it back to the settled tick (scancel

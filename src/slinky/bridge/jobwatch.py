@@ -126,6 +126,7 @@ class JobWatch(BackgroundLoop):
         self._interval: dict[int, float] = {}
         self._fast: dict[int, int] = {}  # job id -> fast looks left (see FAST_READS)
         self._following: dict[int, float] = {}  # cancelled job id -> give up (monotonic)
+        self._cancelled_at: dict[int, float] = {}  # cancelled job id -> when (monotonic)
         self._read_at: dict[int, float] = {}  # job id -> last full read (monotonic)
         self._evented: dict[int, float] = {}  # job id -> last look a node event asked for
         self._pass_looks: dict[int, list[float]] = {}  # job id -> looks after Slurm's passes
@@ -154,6 +155,7 @@ class JobWatch(BackgroundLoop):
         self._interval.pop(job_id, None)
         self._fast.pop(job_id, None)
         self._following.pop(job_id, None)
+        self._cancelled_at.pop(job_id, None)
         self._read_at.pop(job_id, None)
         self._evented.pop(job_id, None)
         self._pass_looks.pop(job_id, None)
@@ -165,7 +167,8 @@ class JobWatch(BackgroundLoop):
         self.untrack(job_id)
         if self.on_revived is None:
             return
-        self._following[job_id] = time.monotonic() + FOLLOW_CANCELLED_S
+        self._cancelled_at[job_id] = time.monotonic()
+        self._following[job_id] = self._cancelled_at[job_id] + FOLLOW_CANCELLED_S
         self._next[job_id] = self._settled_tick()
         self._wake.set()
 
@@ -314,6 +317,7 @@ class JobWatch(BackgroundLoop):
         # node event during the read makes it due earlier, and that must stand (else an
         # ending job seen by that event waits for the settled tick).
         unmoved = {job_id: self._next[job_id] for job_id in due if job_id in self._next}
+        asked_at = time.monotonic()
         try:
             states = await self._states(due)
         except errors.SlurmError as e:
@@ -327,6 +331,11 @@ class JobWatch(BackgroundLoop):
             if job_id not in self._next:
                 return
             if job_id in self._following:
+                if self._cancelled_at.get(job_id, 0.0) >= asked_at:
+                    # Asked while the job still ran, answered after the cancel: says
+                    # nothing about a revival (the bench saw hundreds of false alarms).
+                    self._next[job_id] = self._settled_tick()
+                    return
                 self._follow(job_id, None if states is None else states.get(job_id))
                 return
             job: Job | None
