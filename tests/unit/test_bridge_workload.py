@@ -3,6 +3,7 @@ finished, deleted or running pod does to its placeholder job, and what it costs 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from dataclasses import replace
@@ -289,6 +290,33 @@ async def test_a_nudge_goes_to_the_next_pending_job_when_the_first_has_started_s
     await sync.reconcile("ns/p")
     assert slurm.cancelled == [7]
     assert slurm.updates == [(9, {"admin_comment": comments[9]})]
+
+
+async def test_a_groups_pods_ending_together_cancel_its_job_once() -> None:
+    """The gang bench: eight pods of one job ended at once and each sent its own DELETE."""
+    sync, slurm, _kube, pods, _ = setup(phase="Succeeded")
+    first = pods.get("ns/p")
+    assert first is not None
+    others = []
+    for i in range(3):
+        other = make_pod(f"q{i}", f"u{i + 2}")
+        other["metadata"]["labels"][SLURM_JOBID] = "7"
+        other["metadata"]["finalizers"] = [FINALIZER]
+        other["spec"]["nodeName"] = f"n{i + 2}"
+        other["status"]["phase"] = "Succeeded"
+        pods.upsert(other)
+        others.append(other)
+    slurm.jobs[7]["admin_comment"] = placeholder.admin_comment([first, *others], CONFIG)
+    cancel = slurm.cancel_job
+
+    async def slow_cancel(job_id: int) -> None:
+        await asyncio.sleep(0.01)  # the DELETE's round trip: the others read the job meanwhile
+        await cancel(job_id)
+
+    slurm.cancel_job = slow_cancel  # type: ignore[method-assign]
+    await asyncio.gather(*(sync.reconcile(k) for k in ["ns/p", "ns/q0", "ns/q1", "ns/q2"]))
+    assert slurm.cancelled == [7]
+    assert all(p["metadata"]["finalizers"] == [] for p in [first, *others])
 
 
 async def test_a_nudge_never_writes_a_cached_comment_onto_a_job_that_took_its_id() -> None:

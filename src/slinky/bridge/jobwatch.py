@@ -176,6 +176,10 @@ class JobWatch(BackgroundLoop):
     def tracked(self) -> int:
         return len(self._next) - len(self._following)
 
+    def is_following(self, job_id: int) -> bool:
+        """Whether `job_id` is a job the bridge cancelled, followed until Slurm purges it."""
+        return job_id in self._following
+
     @property
     def following(self) -> int:
         return len(self._following)

@@ -128,6 +128,8 @@ class WorkloadSync:
         self.recorder = recorder
         # Pod key -> job id of pods deleted from the cache, until reconciled.
         self.gone: dict[str, int] = {}
+        # Jobs whose cancel is on its way: a group's pods ending together cancel it once.
+        self.cancelling: set[int] = set()
         self.enqueue: Callable[[str], None] = lambda _key: None  # set by the controller
 
     async def reconcile(self, key: str) -> Result:
@@ -198,6 +200,8 @@ class WorkloadSync:
     ) -> None:
         """Cancel the job unless another pod of it still runs; `failed`: the pod failed,
         which ends a group's job whatever its other pods do."""
+        if job_id in self.cancelling or self.watch.is_following(job_id):
+            return  # cancelled by us already (or about to be): one DELETE per job
         job = await self.job(job_id, track=False)
         if job is None or job.is_finished:
             self.watch.untrack(job_id)
@@ -210,7 +214,11 @@ class WorkloadSync:
             return
         if self.others_running(job, key) and not (failed and is_group_job(job)):
             return
-        await self.slurm.client.cancel_job(job_id)
+        self.cancelling.add(job_id)
+        try:
+            await self.slurm.client.cancel_job(job_id)
+        finally:
+            self.cancelling.discard(job_id)
         self.slurm.informer.poke()
         self.watch.follow_cancelled(job_id)
         log.info("job %d: cancelled (%s)", job_id, why)
