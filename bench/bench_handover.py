@@ -57,7 +57,8 @@ RUNS = [
 
 @dataclass
 class Seen:
-    """When the bench's watch first saw each pod bound and Succeeded (wall clock)."""
+    """When the bench's watch first saw each pod bound, its containers ended, and
+    Succeeded (wall clock)."""
 
     bound: dict[str, float] = field(default_factory=dict)
     ended: dict[str, float] = field(default_factory=dict)

@@ -226,18 +226,23 @@ async def test_jobs_holding_their_nodes_share_one_look_a_tick() -> None:
         await watch.stop()
 
 
-async def test_a_cancelled_job_is_followed_until_purged_and_a_revived_one_is_told() -> None:
-    slurm = FakeSlurm()
-    slurm.set(1, "CANCELLED", "n1")
-    slurm.set(2, "CANCELLED", "n2")
-    revived: list[int] = []
-    watch = JobWatch(  # type: ignore[arg-type]
+def following_watch(slurm: FakeSlurm, revived: list[int]) -> JobWatch:
+    """A watch that follows cancelled jobs on a fast settled tick, revivals into `revived`."""
+    return JobWatch(  # type: ignore[arg-type]
         slurm,
         on_change=lambda _: None,
         on_revived=revived.append,
         max_interval=0.05,
         settled_interval=0.1,
     )
+
+
+async def test_a_cancelled_job_is_followed_until_purged_and_a_revived_one_is_told() -> None:
+    slurm = FakeSlurm()
+    slurm.set(1, "CANCELLED", "n1")
+    slurm.set(2, "CANCELLED", "n2")
+    revived: list[int] = []
+    watch = following_watch(slurm, revived)
     watch.start()
     try:
         watch.follow_cancelled(1)
@@ -260,13 +265,7 @@ async def test_a_state_read_asked_before_the_cancel_is_no_revival() -> None:
     slurm = FakeSlurm()
     slurm.set(1, "RUNNING", "n1")
     revived: list[int] = []
-    watch = JobWatch(  # type: ignore[arg-type]
-        slurm,
-        on_change=lambda _: None,
-        on_revived=revived.append,
-        max_interval=0.05,
-        settled_interval=0.1,
-    )
+    watch = following_watch(slurm, revived)
     gate, asked = asyncio.Event(), asyncio.Event()
     states = slurm.job_states
 

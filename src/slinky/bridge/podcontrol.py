@@ -72,7 +72,7 @@ def ended_failed(pod: JSON) -> bool:
     if not containers_ended(pod):
         return False
     return any(
-        (_terminated([s], str(s.get("name"))) or {}).get("exitCode") != 0
+        ((s.get("state") or {}).get("terminated") or {}).get("exitCode") != 0
         for s in (pod.get("status") or {}).get("containerStatuses") or []
     )
 
