@@ -5,6 +5,7 @@ fakes of the apiserver and slurmrestd."""
 from __future__ import annotations
 
 import asyncio
+import copy
 from types import SimpleNamespace
 from typing import Any
 
@@ -19,7 +20,14 @@ from slinky.bridge.scheduler import gang
 from slinky.bridge.workload.sync import BY_JOB, WorkloadSync, index_job
 from slinky.kube import rest
 from slinky.kube.store import Store
-from tests.unit.test_bridge_scheduler_sync import FakeKube, FakeSlurm, job_label, make_pod, setup
+from tests.unit.test_bridge_scheduler_sync import (
+    FakeKube,
+    FakeSlurm,
+    idle,
+    job_label,
+    make_pod,
+    setup,
+)
 
 JSON = dict[str, Any]
 CONFIG = parse_config(
@@ -609,3 +617,39 @@ async def test_a_pod_says_it_waits_for_its_group_only_after_a_while(
     sync.gangs.waiting_since["ns/g-0"] -= gang.WAIT_REPORT_S  # it has waited that long
     await sync.reconcile("ns/g-0")
     assert said == ["g-0:WaitingForGroup"]
+
+
+class LaggingKube(GroupKube):
+    """Writes that the pod informer has not shown yet: a patch answers the patched pod but
+    leaves the store as it was; every request is counted."""
+
+    def __init__(self, pods: Store, min_member: int) -> None:
+        super().__init__(pods, min_member)
+        self.patched: list[str] = []
+
+    async def patch(self, res: Any, name: str, body: Any, ns: str, **kw: Any) -> JSON:
+        self.patched.append(name)
+        before = copy.deepcopy(self.pods.get(f"{ns}/{name}"))
+        answer = await super().patch(res, name, body, ns, **kw)
+        if before is not None:
+            self.pods.upsert(before)
+        return answer
+
+
+async def test_a_group_allocated_at_once_labels_each_pod_once_then_binds_it() -> None:
+    """The pods' labels were sent again, once for the pod reconciled and once more for every
+    member before its binding, when the informer had not shown the first ones yet: three
+    rounds of requests to the apiserver instead of two (a gang of 8 took 132 ms against a
+    single pod's 36)."""
+    sync, slurm, _kube, pods = gang_setup(2)
+    kube = LaggingKube(pods, 2)
+    sync.kube = kube  # type: ignore[assignment]
+    sync.gangs.resolver = GroupResolver(kube)  # type: ignore[arg-type]
+    idle(sync, "n1", "n2")
+    slurm.free_node = "n[1-2]"
+    for p in group_pods(2):
+        pods.upsert(p)
+        await sync.reconcile(f"ns/{p['metadata']['name']}")
+    assert len(slurm.jobs) == 1
+    assert kube.bound == {"ns/g-0": "n1", "ns/g-1": "n2"}
+    assert sorted(kube.patched) == ["g-0", "g-1"]  # one label each

@@ -99,10 +99,11 @@ async def live(kube: rest.Kube, name: str, ns: str) -> JSON | None:
         raise
 
 
-async def mark_submitted(kube: rest.Kube, pod: JSON, job_id: int) -> None:
-    """Label the pod with its job id and add the finalizer (strategic merge appends it)."""
+async def mark_submitted(kube: rest.Kube, pod: JSON, job_id: int) -> JSON:
+    """Label the pod with its job id and add the finalizer (strategic merge appends it);
+    the pod as the apiserver answered (the informer may show it a moment later)."""
     name, ns, uid = name_ns_uid(pod)
-    await kube.patch(
+    return await kube.patch(
         rest.PODS,
         name,
         {

@@ -221,15 +221,23 @@ class GangScheduler:
             group.size,
             partition,
         )
-        # Every member at once: one round trip, not one per pod.
-        await asyncio.gather(*(podcontrol.mark_submitted(sync.kube, m, job_id) for m in members))
-        return await self.place(pod, group, job_id)
+        # Every member at once: one round trip, not one per pod. The answers are the pods
+        # as labelled, which the informer may not show yet: `place` binds from them rather
+        # than labelling each pod again.
+        labelled = await asyncio.gather(
+            *(podcontrol.mark_submitted(sync.kube, m, job_id) for m in members)
+        )
+        fresh = {placeholder.pod_key(p): p for p in labelled}
+        return await self.place(fresh.get(placeholder.pod_key(pod), pod), group, job_id, fresh)
 
-    async def place(self, pod: JSON, group: Group, job_id: int) -> Result:
+    async def place(
+        self, pod: JSON, group: Group, job_id: int, fresh: dict[str, JSON] | None = None
+    ) -> Result:
+        """`fresh`: pods this pass labelled, as the apiserver answered."""
         sync = self.sync
         key = placeholder.pod_key(pod)
         if podcontrol.job_id_of(pod) is None:
-            await podcontrol.mark_submitted(sync.kube, pod, job_id)
+            pod = await podcontrol.mark_submitted(sync.kube, pod, job_id)
         else:
             self.labelled(pod)
         sync.ledger.wait(key, job_id)
@@ -246,7 +254,7 @@ class GangScheduler:
             return DONE  # the workload controller ends the pods with their job
         comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
         assert comment is not None  # job_is_for read it
-        ours = self.pods_of(comment, job_id)
+        ours = self.pods_of(comment, job_id, {key: pod, **(fresh or {})})
         allocated = expand_hostlist(job.nodes) if job.is_running else []
         if not allocated:
             state = "/".join(job.state) or "PENDING"
@@ -331,11 +339,23 @@ class GangScheduler:
         """The pod's label names its job: no need to remember it any more."""
         self.sync.ledger.labelled(placeholder.pod_key(pod), str(pod["metadata"]["uid"]))
 
-    def pods_of(self, comment: placeholder.Comment, job_id: int) -> dict[str, JSON | None]:
-        """The job's pods as cached, by key; None for one that is gone or another pod now."""
+    def pods_of(
+        self, comment: placeholder.Comment, job_id: int, fresh: dict[str, JSON] | None = None
+    ) -> dict[str, JSON | None]:
+        """The job's pods as cached, by key; None for one that is gone or another pod now.
+        A pod of `fresh` (labelled by this pass) stands for a cached copy without the label,
+        which is older than it."""
         out: dict[str, JSON | None] = {}
         for k, uid in comment.pods.items():
             p = self.sync.pods.store.get(k)
+            newer = (fresh or {}).get(k)
+            if (
+                p is not None
+                and newer is not None
+                and podcontrol.job_id_of(p) is None
+                and p["metadata"].get("uid") == newer["metadata"].get("uid")
+            ):
+                p = newer
             same = p is not None and (not uid or str(p["metadata"].get("uid")) == uid)
             labelled = p is not None and podcontrol.job_id_of(p) in (job_id, None)
             out[k] = p if same and labelled else None
