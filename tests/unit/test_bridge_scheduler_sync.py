@@ -579,6 +579,44 @@ async def test_an_allocation_is_asked_as_the_jobs_slurm_user_then_marked_as_ours
     assert kube.bound == {"ns/p": "n2"}
 
 
+class MarkAfterRead(FakeSlurm):
+    """A slurmrestd whose admin_comment update is answered only once the job was read too:
+    a bridge that reads the job only after its mark was written waits here in vain."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.read_seen = asyncio.Event()
+
+    async def get_job(self, job_id: int) -> Job:
+        self.read_seen.set()
+        return Job.parse(copy.deepcopy((await super().get_job(job_id)).raw))  # as answered
+
+    async def update_job(self, job_id: int, changes: JSON) -> None:
+        try:
+            await asyncio.wait_for(self.read_seen.wait(), 1.0)
+        except TimeoutError:
+            raise errors.SlurmUnavailable("the read never came") from None
+        await super().update_job(job_id, changes)
+
+
+async def test_an_allocation_is_read_while_it_is_marked_as_ours_and_kept_as_marked() -> None:
+    """The mark and the read of a job allocated as its user were two round trips one after
+    the other; they go together, and the job is kept as marked (place() trusts only a job
+    whose admin_comment names the pod)."""
+    sync, _slurm, kube, pods = setup()
+    slurm = MarkAfterRead()
+    sync.slurm.client = slurm  # type: ignore[misc]
+    sync.watch = JobWatch(slurm, on_change=lambda _: None)  # type: ignore[arg-type]
+    idle(sync, "n1", "n2")
+    slurm.free_node = "n2"
+    pods.upsert(make_pod("p", "u1"))
+    await sync.reconcile("ns/p")
+    (job_id,) = slurm.jobs
+    # Bound: place() took the job, read before its mark landed, for the pod's.
+    assert slurm.cancelled == [] and kube.bound == {"ns/p": "n2"}
+    assert slurm.jobs[job_id]["admin_comment"] == slurm.jobs[job_id]["comment"]
+
+
 async def test_an_allocation_that_cannot_be_marked_as_ours_is_cancelled_and_submitted() -> None:
     sync, slurm, kube, pods = setup()
     idle(sync, "n1", "n2")

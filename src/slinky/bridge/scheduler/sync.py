@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -104,6 +105,11 @@ def as_its_user(desc: JSON) -> JSON:
     user_id or group_id (the job is the asking user's, in that user's primary group)."""
     fields = {k: v for k, v in desc.items() if k not in ("admin_comment", "user_id", "group_id")}
     return {**fields, "comment": desc["admin_comment"]}
+
+
+def marked(job: Job, admin_comment: str) -> Job:
+    """`job` as it is once the bridge wrote `admin_comment` on it."""
+    return dataclasses.replace(job, raw={**job.raw, "admin_comment": admin_comment})
 
 
 def slurm_message(e: errors.SlurmError) -> str:
@@ -542,11 +548,20 @@ class SchedulerSync:
             job_id = await self.ask_allocation(desc if own else as_its_user(desc), tokens)
             if job_id is None:
                 return None
-            # Marked first, read after: a read made before the mark lands shows no
-            # admin_comment, and place() would take the job for someone else's.
-            if not own and not await self.confirm(job_id, desc):
-                return None
-            job = await self.read_quietly(job_id)
+            if own:
+                job = await self.read_quietly(job_id)
+            else:
+                # Marked and read together (one round trip, not two): the read may come
+                # before the mark lands, so the job is kept as marked once it has been
+                # (place() trusts only a job whose admin_comment names the pod). The job
+                # is not tracked yet: the watch records nothing of that read.
+                confirmed, job = await asyncio.gather(
+                    self.confirm(job_id, desc), self.read_quietly(job_id)
+                )
+                if not confirmed:
+                    return None
+                if job is not None:
+                    job = marked(job, str(desc["admin_comment"]))
             if job is None:
                 self.watch.track(job_id, fresh=True)  # place() reads it again
             else:
