@@ -9,6 +9,7 @@ import jwt
 import pytest
 
 from slinky.slurm import errors
+from slinky.slurm.client import _endpoint
 from slinky.slurm.models import Job, Node, NodeState, number
 from slinky.slurm.tokens import MintedToken, StaticToken, TokenFile
 
@@ -128,3 +129,14 @@ async def test_tokens_minted_from_a_key_file_follow_a_rotated_key(tmp_path: Path
     second = await tokens.token()
     assert second != first
     jwt.decode(second, b"n" * 32, algorithms=["HS256"])
+
+
+def test_a_request_metric_names_the_endpoint_with_ids_replaced_but_actions_kept() -> None:
+    """`job/allocate` and `job/submit` are actions, not job ids: they were counted as
+    `job/{id}`, mixed with the updates of jobs."""
+    v = "/slurm/v0.0.44"
+    assert _endpoint(f"{v}/job/123") == f"{v}/job/{{id}}"
+    assert _endpoint(f"{v}/job/allocate") == f"{v}/job/allocate"
+    assert _endpoint(f"{v}/job/submit") == f"{v}/job/submit"
+    assert _endpoint(f"{v}/node/kwok-1") == f"{v}/node/{{id}}"
+    assert _endpoint(f"{v}/jobs/state/") == f"{v}/jobs/state/"

@@ -48,7 +48,10 @@ LATENCY = Histogram(
 
 _IDEMPOTENT = {"GET", "DELETE", "HEAD"}
 _VERSION_PATH = re.compile(r"/slurm/(v\d+\.\d+\.\d+)/")
-_ENDPOINT_IDS = re.compile(r"/(node|job|partition|reservation|resources)/[^/]+")
+# An id after these, not an action (`job/allocate`, `job/submit`).
+_ENDPOINT_IDS = re.compile(
+    r"/(node|job|partition|reservation|resources)/(?!(?:allocate|submit)(?:/|$))[^/]+"
+)
 
 
 def _endpoint(path: str) -> str:
