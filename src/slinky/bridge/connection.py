@@ -11,6 +11,7 @@ from pathlib import Path
 import jwt
 
 from slinky.bridge.config import BridgeConfig, ConfigError, SlurmAuth
+from slinky.bridge.jobwatch import RecentReads
 from slinky.slurm.client import SlurmClient
 from slinky.slurm.informer import SlurmInformer
 from slinky.slurm.tokens import MintedToken, StaticToken, TokenFile, TokenProvider
@@ -58,6 +59,8 @@ class SlurmConnection:
     jwt_key_file: Path | None = None
     token_lifetime: float = 900.0
     _user_tokens: dict[str, MintedToken] = field(default_factory=dict, repr=False)
+    # The job reads the process's job watches lend each other (`jobwatch.RecentReads`).
+    recent_jobs: RecentReads = field(default_factory=RecentReads, repr=False)
 
     def tokens_for(self, user: str) -> TokenProvider | None:
         """Tokens to act as the Slurm `user` (a name or a uid): the client's own when that

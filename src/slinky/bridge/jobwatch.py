@@ -105,6 +105,40 @@ def pass_looks(monotonic_now: float, wall_now: float) -> list[float]:
     return [monotonic_now + to_second + i + PASS_LOOK_AFTER_S for i in range(PASS_LOOKS)]
 
 
+# A read another watch of the process made this recently is taken instead of a read of
+# one's own (`JobWatch.borrow`).
+RECENT_S = 2.0
+
+
+class RecentReads:
+    """The jobs the watches of one process read lately, shared between them: the scheduler
+    reads each job it allocates, and the workload controller, which looks at the pod as
+    soon as it is labelled, read the same job again a moment later (half the job reads of a
+    500-pod burst)."""
+
+    def __init__(self, max_age: float = RECENT_S) -> None:
+        self.max_age = max_age
+        self._reads: dict[int, tuple[float, Job]] = {}  # job id -> (monotonic, read)
+
+    def put(self, job_id: int, job: Job | None) -> None:
+        """A read of `job_id` (None: Slurm does not know it, nothing to lend)."""
+        now = time.monotonic()
+        self._reads.pop(job_id, None)
+        if job is not None:
+            self._reads[job_id] = (now, job)
+        # Oldest first (insertion order): what is too old to lend is dropped.
+        for old in list(self._reads):
+            if now - self._reads[old][0] < self.max_age:
+                break
+            del self._reads[old]
+
+    def get(self, job_id: int) -> Job | None:
+        entry = self._reads.get(job_id)
+        if entry is None or time.monotonic() - entry[0] >= self.max_age:
+            return None
+        return entry[1]
+
+
 class JobWatch(BackgroundLoop):
     def __init__(
         self,
@@ -114,8 +148,10 @@ class JobWatch(BackgroundLoop):
         on_revived: Callable[[int], None] | None = None,
         max_interval: float = 10.0,
         settled_interval: float = 60.0,
+        recent: RecentReads | None = None,
     ) -> None:
         self.client = client
+        self.recent = recent
         self.on_change = on_change
         self.on_revived = on_revived
         self.max_interval = max_interval
@@ -279,10 +315,20 @@ class JobWatch(BackgroundLoop):
         self._interval[job_id] = self.settled_interval
         self._next[job_id] = self._settled_tick()
 
+    def borrow(self, job_id: int, *, track: bool = True) -> Job | None:
+        """A read of `job_id` another watch of the process made within RECENT_S, or None;
+        `track`: kept as a read of this watch's own (see `adopt`)."""
+        job = self.recent.get(job_id) if self.recent is not None else None
+        if job is not None and track:
+            self.adopt(job_id, job)
+        return job
+
     def _record(self, job_id: int, job: Job | None) -> None:
         """Keep what a read showed of a tracked job; tell `on_change` when it changed."""
         known, before = job_id in self.jobs, self.jobs.get(job_id)
         self.jobs[job_id] = job
+        if self.recent is not None:
+            self.recent.put(job_id, job)
         if not known or _significant(before) != _significant(job):
             self.on_change(job_id)
 

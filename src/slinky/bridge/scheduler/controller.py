@@ -60,7 +60,11 @@ def build(
             ctrl.enqueue(key)
 
     watch = JobWatch(
-        slurm.client, on_change=on_job, max_interval=job_recheck, settled_interval=settled_recheck
+        slurm.client,
+        on_change=on_job,
+        max_interval=job_recheck,
+        settled_interval=settled_recheck,
+        recent=slurm.recent_jobs,
     )
     namespaces = ManagedNamespaces(kube, factory, config, own_namespace)
     sync = SchedulerSync(

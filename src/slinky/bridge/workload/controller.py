@@ -67,6 +67,7 @@ def build(
         on_revived=on_revived,
         max_interval=job_recheck,
         settled_interval=settled_recheck,
+        recent=slurm.recent_jobs,
     )
     sync = WorkloadSync(kube, config=config, pods=pods, slurm=slurm, watch=watch, recorder=recorder)
     ctrl = Controller(NAME, sync, workers=workers)

@@ -162,13 +162,15 @@ class WorkloadSync:
         return await self.job_ended(pod, job_id)
 
     async def job(self, job_id: int, *, track: bool = True) -> Job | None:
-        """The job as last read by the watch, else read now; `track`: keep watching it (a
-        running pod's job), not for a job about to be cancelled."""
+        """The job as last read by the watch, else as another watch of the process read it
+        within RECENT_S, else read now; `track`: keep watching it (a running pod's job),
+        not for a job about to be cancelled."""
         if track:
             self.watch.track(job_id)
         if job_id in self.watch.jobs:
             return self.watch.jobs[job_id]
-        return await self.watch.read(job_id)
+        lent = self.watch.borrow(job_id, track=track)  # the scheduler read it just now?
+        return lent if lent is not None else await self.watch.read(job_id)
 
     def others_running(self, job: Job, key: str) -> bool:
         """Whether a pod of the job other than `key` still runs or waits to: one its
