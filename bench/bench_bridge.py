@@ -15,6 +15,8 @@ What is real and what is not (printed with the results):
   schedulerName differs;
 - slurmrestd bytes are counted by a TCP proxy between the bridge and slurmrestd, over the
   window from a pod's creation to its binding (median of single pods one after another);
+  for the bursts the bridge is started again without it, talking to slurmrestd directly as
+  in a cluster (the proxy runs in the bench's process, beside the clock);
 - the 5,000 queued jobs are held batch jobs in another partition (Slurm keeps them pending);
 - one bridge replica, without leader election.
 
@@ -149,6 +151,7 @@ def start_bridge(
         # One replica: no Lease to lose while a loaded machine answers slowly.
         "--leader-elect=false",
         f"--log-level={os.environ.get('BENCH_BRIDGE_LOG_LEVEL', 'info')}",
+        *([f"--scheduler-workers={w}"] if (w := os.environ.get("BENCH_BRIDGE_WORKERS")) else []),
     ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     with (work / "bridge.log").open("ab") as log:
@@ -187,12 +190,17 @@ async def stop_bench(
     bridge: subprocess.Popen[bytes], factory: InformerFactory, slurm: SlurmClient, kube: rest.Kube
 ) -> None:
     """Stop the bridge process (40 s to end) and close the bench's informers and clients."""
-    bridge.terminate()
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        await asyncio.to_thread(bridge.wait, 40)
+    await stop_bridge(bridge)
     await factory.stop()
     await slurm.close()
     await kube.close()
+
+
+async def stop_bridge(bridge: subprocess.Popen[bytes]) -> None:
+    """Stop the bridge process (40 s to end)."""
+    bridge.terminate()
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        await asyncio.to_thread(bridge.wait, 40)
 
 
 async def until(check: Callable[[], Awaitable[bool]], what: str, timeout: float) -> None:
@@ -303,19 +311,25 @@ async def burst(
     *,
     slurm: SlurmClient | None = None,
     problems: list[str] | None = None,
+    metrics_port: int = 0,
+    breakdown: dict[str, float] | None = None,
 ) -> tuple[list[float], float]:
     """n pods at once: create->bound latencies and pods/s (first create to last bind). With
     `slurm`, the placements are checked against Slurm's jobs (see `placement_problems`)
     and, once the pods are gone, that no job of theirs is left; found problems are added
-    to `problems`."""
+    to `problems`. With the bridge's `metrics_port`, `breakdown` gets where its time went
+    until the last pod was bound (`where_time_went`)."""
     run = uuid.uuid4().hex[:6]
     pods = [bench_pod(f"b{run}-{i}", run, scheduler) for i in range(n)]
+    before = samples(metrics_port) if metrics_port and breakdown is not None else {}
     sent = await create_all(kube, pods)
 
     async def all_bound() -> bool:
         return all(name in binds.bound_at for name in sent)
 
     await until(all_bound, f"{n} pods bound", 120 + n)
+    if before and metrics_port and breakdown is not None:
+        breakdown.update(where_time_went(before, samples(metrics_port)))
     lat = [binds.bound_at[name] - t for name, t in sent.items()]
     span = max(binds.bound_at[name] for name in sent) - min(sent.values())
     if slurm is not None and problems is not None:
@@ -368,6 +382,50 @@ def metric_sum(port: int, name: str) -> float:
         for line in text.splitlines()
         if line.startswith(name) and not line.startswith("#")
     )
+
+
+def samples(port: int) -> dict[str, float]:
+    """Every sample on the bridge's /metrics, by name with labels."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def where_time_went(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Mean seconds, between two `samples`, of: a scheduler pass waiting in the work queue
+    (`queue`) and running (`pass`), and each kind of slurmrestd request (by endpoint)."""
+
+    def mean(prefix: str, labels: str) -> tuple[float, float]:
+        total = after.get(f"{prefix}_sum{labels}", 0.0) - before.get(f"{prefix}_sum{labels}", 0.0)
+        count = after.get(f"{prefix}_count{labels}", 0.0) - before.get(
+            f"{prefix}_count{labels}", 0.0
+        )
+        return (total / count if count else 0.0), count
+
+    def labelled(prefix: str) -> list[str]:
+        return [
+            n.removeprefix(f"{prefix}_count") for n in after if n.startswith(f"{prefix}_count{{")
+        ]
+
+    out: dict[str, float] = {}
+    for what, prefix in (("queue", "workqueue_queue_duration_seconds"),
+                         ("pass", "workqueue_work_duration_seconds")):  # fmt: skip
+        for labels in labelled(prefix):
+            if '"bridge-scheduler"' in labels:
+                out[what], _ = mean(prefix, labels)
+    prefix = "slurm_rest_request_duration_seconds"
+    for labels in labelled(prefix):
+        avg, count = mean(prefix, labels)
+        if count:
+            method = labels.split('method="')[1].split('"')[0]
+            endpoint = labels.split('endpoint="')[1].split('"')[0].split("/", 3)[-1]
+            out[f"{method} {endpoint} (n={count:.0f})"] = avg
+    return out
 
 
 async def finish(kube: rest.Kube, binds: Bindings, run: str, *, bridge: bool) -> None:
@@ -507,18 +565,33 @@ async def run() -> None:
     queued: list[int] = []
     results: dict[str, Any] = {}
     problems: list[str] = []
+    breakdowns: dict[int, dict[str, float]] = {}
     try:
         await factory.wait_synced()
         await register_nodes(kube, slurm, kwok)
         await queue_jobs(slurm, QUEUED_FEW, queued)
         t_few, b_few = await single_decisions(kube, binds, proxy)
+        # The bursts: the bridge talks to slurmrestd directly, as in a cluster (the counting
+        # proxy lives in this process, beside the clock, and adds a hop to every request).
+        await stop_bridge(bridge)
+        bridge, metrics_port = await asyncio.to_thread(start_bridge, bed, bed.slurm_rest_url, work)
         refused_before = metric_sum(metrics_port, REFUSED)
         for n in BURSTS:
+            breakdowns[n] = {}
             results[f"bridge-{n}"] = await burst(
-                kube, binds, n, SCHEDULER, slurm=slurm, problems=problems
+                kube,
+                binds,
+                n,
+                SCHEDULER,
+                slurm=slurm,
+                problems=problems,
+                metrics_port=metrics_port,
+                breakdown=breakdowns[n],
             )
             results[f"kube-{n}"] = await burst(kube, binds, n, None)
         refused = metric_sum(metrics_port, REFUSED) - refused_before
+        await stop_bridge(bridge)
+        bridge, metrics_port = await asyncio.to_thread(start_bridge, bed, proxy_url, work)
         t0 = time.monotonic()
         await queue_jobs(slurm, QUEUED_MANY, queued)
         queue_s = time.monotonic() - t0
@@ -552,6 +625,10 @@ async def run() -> None:
     )
     for p in problems[:10]:
         print(f"    {p}")
+    print("  where the bridge's time went until each burst's last pod was bound (means):")
+    for n in BURSTS:
+        said = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in breakdowns.get(n, {}).items())
+        print(f"    {n} pods: {said}")
     print(
         f"  single pods one after another (n={SINGLE_PODS}), create -> bound: "
         f"p50 {ms(pct(t_few, 50)).strip()} p99 {ms(pct(t_few, 99)).strip()}  (target p50 <= 500 ms)"

@@ -1,6 +1,7 @@
 """slurm-bridge gangs: time from a group's creation to all its pods bound, for groups of 2, 4
 and 8 pods, through one Slurm job of N nodes, against the default kube-scheduler binding the
-same pods (which binds them one by one, with no all-or-nothing guarantee: the floor).
+same pods (which binds them one by one, with no all-or-nothing guarantee: the floor), and
+against one pod of no group through the bridge (the single pod a gang is compared with).
 
 What is real and what is not (printed with the results):
 - the bridge runs as its own process against the bench test bed's real apiserver, slurmctld
@@ -65,14 +66,18 @@ async def install_crd(kube: rest.Kube) -> None:
     await until(established, "PodGroup CRD established", 30)
 
 
-async def group(kube: rest.Kube, binds: Bindings, n: int, *, bridge: bool) -> float:
-    """One group of n pods: PodGroup created -> last pod bound, in seconds."""
+async def group(
+    kube: rest.Kube, binds: Bindings, n: int, *, bridge: bool, gang: bool = True
+) -> float:
+    """One group of n pods: PodGroup created -> last pod bound, in seconds (`gang` False:
+    n pods of no group, created -> last bound)."""
     run = uuid.uuid4().hex[:6]
     name = f"g{run}"
     pods = []
     for i in range(n):
         pod = bench_pod(f"{name}-{i}", run, SCHEDULER if bridge else None)
-        pod["metadata"]["labels"][PODGROUP_LABEL] = name
+        if gang:
+            pod["metadata"]["labels"][PODGROUP_LABEL] = name
         pods.append(pod)
     start = time.monotonic()
     podgroup = {
@@ -81,7 +86,8 @@ async def group(kube: rest.Kube, binds: Bindings, n: int, *, bridge: bool) -> fl
         "metadata": {"name": name},
         "spec": {"minMember": n},
     }
-    await kube.create(PODGROUPS, podgroup, NS)
+    if gang:
+        await kube.create(PODGROUPS, podgroup, NS)
     await create_all(kube, pods)
     names = [p["metadata"]["name"] for p in pods]
 
@@ -91,7 +97,8 @@ async def group(kube: rest.Kube, binds: Bindings, n: int, *, bridge: bool) -> fl
     await until(all_bound, f"group of {n} bound", 120 + 10 * n)
     took = max(binds.bound_at[x] for x in names) - start
     await finish(kube, binds, run, bridge=bridge)
-    await kube.delete(PODGROUPS, name, NS)
+    if gang:
+        await kube.delete(PODGROUPS, name, NS)
     return took
 
 
@@ -110,6 +117,11 @@ async def run() -> None:
     try:
         await factory.wait_synced()
         await register_nodes(kube, slurm, kwok)
+        for _ in range(REPEAT):
+            # The baseline the issue names: one pod of no group, through the bridge.
+            results.setdefault(("single", 1), []).append(
+                await group(kube, binds, 1, bridge=True, gang=False)
+            )
         for n in SIZES:
             for _ in range(REPEAT):
                 results.setdefault(("bridge", n), []).append(
@@ -128,12 +140,17 @@ async def run() -> None:
         f"{REPEAT} per size"
     )
     print(f"  machine load average at the end: {os.getloadavg()[0]:.1f} (2 cores, shared)")
-    print("  pods   bridge p50   bridge max   kube-scheduler p50 (no gang)   ratio p50")
+    single = pct(results[("single", 1)], 50)
+    print(f"  one pod of no group through the bridge: p50 {single * 1000:.0f} ms")
+    print(
+        "  pods   bridge p50   bridge max   kube-scheduler p50 (no gang)   ratio p50   vs one pod"
+    )
     for n in SIZES:
         b, k = results[("bridge", n)], results[("kube", n)]
         print(
             f"  {n:4d} {pct(b, 50) * 1000:9.0f} ms {max(b) * 1000:9.0f} ms "
             f"{pct(k, 50) * 1000:18.0f} ms {pct(b, 50) / pct(k, 50):22.1f}x"
+            f" {pct(b, 50) / single:11.1f}x"
         )
 
 
