@@ -372,6 +372,7 @@ class GangScheduler:
                 return False
             raise
         self.labelled(pod)
+        sync.just_bound[placeholder.pod_key(pod)] = placeholder.pod_uid(pod)
         age = pod_age(pod)
         if age is not None:
             BIND_LATENCY.observe(age)

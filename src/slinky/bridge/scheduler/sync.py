@@ -173,6 +173,9 @@ class SchedulerSync:
         # it (`handover`), by node; and since when each waits.
         self.held: dict[str, set[str]] = {}
         self.held_since: dict[str, float] = {}
+        # Pods this scheduler bound (key -> UID) that the informer does not show bound yet:
+        # the label's own event brings them back first, and there is nothing left to do.
+        self.just_bound: dict[str, str] = {}
 
     # ------------------------------------------------------------ which pods
 
@@ -239,11 +242,17 @@ class SchedulerSync:
         pod = self.pods.store.get(key)
         if pod is None or not self.schedulable(pod):
             self.forget(key)
+            self.just_bound.pop(key, None)
             await self.gangs.left(key, pod)
             await self.resolve_uncertain(key, pod)
             await self.drop_unlabelled(key, pod)
             return DONE
         uid = str(pod["metadata"]["uid"])
+        if self.just_bound.get(key) == uid:
+            # Bound by an earlier pass. Placing it again would read its job (no longer
+            # followed), and while that read is out the job counts as possibly pending for
+            # every pod deciding beside it (`pending_in`): they would all be submitted.
+            return DONE
         if podcontrol.job_id_of(pod) is None and self.ledger.job_made_for(uid) is None:
             namespace = str(pod["metadata"].get("namespace") or "")
             if not await self.is_managed(namespace):
@@ -761,6 +770,7 @@ class SchedulerSync:
             action="Bind",
         )
         self.forget(key)
+        self.just_bound[key] = placeholder.pod_uid(pod)
         return DONE
 
     def leaving_blocks(self, pod: JSON, node_obj: JSON) -> str | None:
