@@ -49,6 +49,10 @@ class FakeSlurm:
         self.refuse_update = False
         self.unknown_users: set[str] = set()
         self.allocate_answer_lost = False
+        self.started = 1_000  # slurmctld's start, as `diag` tells it (req_time_start)
+
+    async def diag(self) -> JSON:
+        return {"req_time_start": {"set": True, "number": self.started}}
 
     def new_id(self) -> int:
         """Slurm never gives an id twice, also after a job was purged."""

@@ -259,6 +259,22 @@ async def test_a_job_slurm_revived_for_a_pod_that_ended_long_ago_is_cancelled_by
     assert slurm.cancelled == [7]
 
 
+async def test_the_sweep_lists_the_jobs_only_after_slurmctld_started_again() -> None:
+    """slurmctld returns its node list whenever a node changed, which in a burst is every
+    poll: each sweep read the whole job list (every job of every user), 3.6 s of slurmrestd
+    in a 500-pod burst. One small `diag` tells whether slurmctld started since (its stats'
+    start); only then is the list read."""
+    sync, slurm, _kube, _pods, _changed = setup(phase="Succeeded")
+    await sync.cancel_orphans()  # at start
+    assert slurm.lists == 1 and slurm.cancelled == [7]
+    await sync.reconcile(ORPHANS_KEY)  # a node changed: slurmctld is the same
+    assert slurm.lists == 1
+    slurm.jobs[7]["job_state"] = ["RUNNING"]  # back from state saved before the cancel
+    slurm.started += 60  # kill -9 and back
+    await sync.reconcile(ORPHANS_KEY)
+    assert slurm.lists == 2 and slurm.cancelled == [7, 7]
+
+
 def pending_job(job_id: int, comment: str) -> JSON:
     return {"job_id": job_id, "job_state": ["PENDING"], "nodes": "", "admin_comment": comment}
 
