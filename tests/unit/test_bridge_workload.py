@@ -11,7 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from slinky.bridge import placeholder
-from slinky.bridge.jobwatch import JobWatch, RecentReads
+from slinky.bridge.jobwatch import FIRST_READ_S, JobWatch, RecentReads
 from slinky.bridge.labels import FINALIZER, SLURM_JOBID
 from slinky.bridge.workload.sync import (
     BY_JOB,
@@ -415,6 +415,9 @@ async def test_a_job_the_scheduler_just_read_is_not_read_again_for_its_pod() -> 
     slurm.reads.clear()
     assert await sync.reconcile("ns/p") is not None
     assert slurm.reads == [] and sync.watch.jobs[7] is not None  # kept as its own read
+    # Its state is looked at soon all the same (an end since that read sent its node event
+    # while this watch did not follow the job).
+    assert sync.watch._next[7] <= time.monotonic() + FIRST_READ_S
     # An older read is not lent: the job is read.
     sync.watch.untrack(7)
     recent.max_age = 0.0

@@ -317,10 +317,13 @@ class JobWatch(BackgroundLoop):
 
     def borrow(self, job_id: int, *, track: bool = True) -> Job | None:
         """A read of `job_id` another watch of the process made within RECENT_S, or None;
-        `track`: kept as a read of this watch's own (see `adopt`)."""
+        `track`: kept as a read of this watch's own (see `adopt`), with a look at its state
+        in FIRST_READ_S (one batched `jobs/state` for every job due): a node event for an
+        end between that read and now went by while this watch did not follow the job."""
         job = self.recent.get(job_id) if self.recent is not None else None
         if job is not None and track:
             self.adopt(job_id, job)
+            self._schedule(job_id, FIRST_READ_S)
         return job
 
     def _record(self, job_id: int, job: Job | None) -> None:
