@@ -428,7 +428,7 @@ class WorkloadSync:
         slurmctld returned the node list, if it started again meanwhile: a job cancelled
         before a kill -9 may be back, its pods ended long ago and no process following it.
         Returns how many were cancelled."""
-        self.slurmctld_started = await self.slurmctld_start()
+        started = await self.slurmctld_start()
         jobs, _ = await self.slurm.client.list_jobs()
         cancelled = 0
         for job in jobs or []:
@@ -448,6 +448,8 @@ class WorkloadSync:
                 "job %d: cancelled: its pods %s are gone or ended", job.job_id, list(comment.pods)
             )
             cancelled += 1
+        # Only a sweep that went through counts: one that failed is made again next time.
+        self.slurmctld_started = started
         return cancelled
 
     async def holds(self, key: str, uid: str) -> bool:
