@@ -391,13 +391,7 @@ async def placement_problems(slurm: SlurmClient, binds: Bindings, run: str) -> l
 
 def metric_sum(port: int, name: str) -> float:
     """The sum of a metric's samples on the bridge's /metrics."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith(name) and not line.startswith("#")
-    )
+    return sum(v for sample, v in samples(port).items() if sample.startswith(name))
 
 
 def samples(port: int) -> dict[str, float]:

@@ -50,8 +50,10 @@ class FakeSlurm:
         self.unknown_users: set[str] = set()
         self.allocate_answer_lost = False
         self.started = 1_000  # slurmctld's start, as `diag` tells it (req_time_start)
+        self.diags = 0
 
     async def diag(self) -> JSON:
+        self.diags += 1
         return {"req_time_start": {"set": True, "number": self.started}}
 
     def new_id(self) -> int:

@@ -270,15 +270,17 @@ async def test_the_sweep_lists_the_jobs_only_after_slurmctld_started_again() -> 
     await sync.cancel_orphans()  # at start
     assert slurm.lists == 1 and slurm.cancelled == [7]
     await sync.reconcile(ORPHANS_KEY)  # a node changed: slurmctld is the same
-    assert slurm.lists == 1
+    assert slurm.lists == 1 and slurm.diags == 2  # one small request per look
     slurm.jobs[7]["job_state"] = ["RUNNING"]  # back from state saved before the cancel
     slurm.started += 60  # kill -9 and back
     slurm.refuse_cancel = True  # the sweep fails halfway: made again at the next chance
     with pytest.raises(errors.SlurmUnavailable):
         await sync.reconcile(ORPHANS_KEY)
     slurm.refuse_cancel = False
+    diags = slurm.diags
     await sync.reconcile(ORPHANS_KEY)
     assert slurm.lists == 3 and slurm.cancelled == [7, 7]
+    assert slurm.diags == diags + 1  # asked once for a sweep that lists
 
 
 def pending_job(job_id: int, comment: str) -> JSON:

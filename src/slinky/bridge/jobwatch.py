@@ -126,11 +126,12 @@ class RecentReads:
         self._reads.pop(job_id, None)
         if job is not None:
             self._reads[job_id] = (now, job)
-        # Oldest first (insertion order): what is too old to lend is dropped.
-        for old in list(self._reads):
-            if now - self._reads[old][0] < self.max_age:
+        # Oldest first (insertion order): what is too old to lend is dropped, and no more.
+        while self._reads:
+            oldest = next(iter(self._reads))
+            if now - self._reads[oldest][0] < self.max_age:
                 break
-            del self._reads[old]
+            del self._reads[oldest]
 
     def get(self, job_id: int) -> Job | None:
         entry = self._reads.get(job_id)

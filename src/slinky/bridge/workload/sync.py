@@ -420,7 +420,7 @@ class WorkloadSync:
         started = await self.slurmctld_start()
         if started is not None and started == self.slurmctld_started:
             return
-        await self.cancel_orphans()
+        await self._sweep(started)
 
     async def cancel_orphans(self) -> int:
         """Cancel live jobs of ours whose pods are all gone or ended (one full read of the
@@ -428,7 +428,10 @@ class WorkloadSync:
         slurmctld returned the node list, if it started again meanwhile: a job cancelled
         before a kill -9 may be back, its pods ended long ago and no process following it.
         Returns how many were cancelled."""
-        started = await self.slurmctld_start()
+        return await self._sweep(await self.slurmctld_start())
+
+    async def _sweep(self, started: int | None) -> int:
+        """`cancel_orphans`, for the slurmctld that started at `started` (as told)."""
         jobs, _ = await self.slurm.client.list_jobs()
         cancelled = 0
         for job in jobs or []:
