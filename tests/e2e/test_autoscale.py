@@ -435,8 +435,17 @@ async def test_a_partition_slurm_lost_is_made_again_at_once_even_with_no_nodes(
     made = await wait_for(back, timeout=90, interval=0.5, what=f"partition {name} made again")
     assert made.raw["maximums"]["time"]["number"] == 30
     await nodeset_condition(e, name, "PartitionReady", "PartitionReady")
-    events = (await e.kube.list(rest.EVENTS, e.namespace))["items"]
-    assert any(
-        ev.get("reason") == "PartitionRecreated" and (ev.get("regarding") or {}).get("name") == name
-        for ev in events
-    ), "no PartitionRecreated event"
+
+    async def recreated_event() -> bool:
+        # Events are written after the reconcile that made the partition (the recorder
+        # sends them in the background): looked for until they are there.
+        events = (await e.kube.list(rest.EVENTS, e.namespace))["items"]
+        return any(
+            ev.get("reason") == "PartitionRecreated"
+            and (ev.get("regarding") or {}).get("name") == name
+            for ev in events
+        )
+
+    assert await wait_for(
+        recreated_event, timeout=30, interval=0.5, what="a PartitionRecreated event"
+    )
