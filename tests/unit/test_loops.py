@@ -15,6 +15,7 @@ from slinky.slurm.informer import SlurmInformer
 from slinky.slurm.models import expand_hostlist
 from slinky.slurm.tokens import StaticToken
 from slinky_testbed.waiting import wait_for
+from tests.unit.fake_http import MockTransport
 
 
 class Flaky(BackgroundLoop):
@@ -69,7 +70,7 @@ def counting_slurm() -> tuple[SlurmClient, list[str]]:
         return httpx2.Response(200, json={"nodes": [], "jobs": [], "partitions": []})
 
     client = SlurmClient("http://slurm.test", StaticToken("t", user="u"))
-    client.http = httpx2.AsyncClient(base_url=client.url, transport=httpx2.MockTransport(handler))
+    client.http = MockTransport(client.url, handler)
     return client, asked
 
 
@@ -112,9 +113,7 @@ class DeltaSlurm:
 
     def client(self) -> SlurmClient:
         client = SlurmClient("http://slurm.test", StaticToken("t", user="u"))
-        client.http = httpx2.AsyncClient(
-            base_url=client.url, transport=httpx2.MockTransport(self.handler)
-        )
+        client.http = MockTransport(client.url, self.handler)
         return client
 
 
@@ -186,7 +185,7 @@ async def test_an_unreadable_slurm_answer_marks_the_cache_stale_not_frozen() -> 
         return httpx2.Response(200, json={"nodes": [{"name": "x", "cpus": "not a number"}]})
 
     client = SlurmClient("http://slurm.test", StaticToken("t", user="u"))
-    client.http = httpx2.AsyncClient(base_url=client.url, transport=httpx2.MockTransport(handler))
+    client.http = MockTransport(client.url, handler)
     inf = SlurmInformer(client, poll_interval=0.05)
     inf.start()
 

@@ -16,6 +16,8 @@ from slinky.slurm.client import SlurmClient
 from slinky.slurm.informer import SlurmInformer
 from slinky.slurm.models import Node
 from slinky.slurm.tokens import StaticToken
+from slinky.transport import TransportError
+from tests.unit.fake_http import MockTransport
 
 OPENAPI = {"paths": {"/slurm/v0.0.45/ping/": {}, "/slurm/v0.0.44/ping/": {}}}
 Handler = Callable[[httpx2.Request], httpx2.Response]
@@ -37,7 +39,7 @@ def connection(
         return handler(req)
 
     client = SlurmClient("http://slurm.test", StaticToken("t", user="u"), retries=1)
-    client.http = httpx2.AsyncClient(base_url=client.url, transport=httpx2.MockTransport(record))
+    client.http = MockTransport(client.url, record)
     informer = SlurmInformer(client)
     if synced:
         informer._synced.set()
@@ -187,17 +189,17 @@ async def test_a_delete_without_an_answer_is_not_waited_for() -> None:
 
     class Kube:
         async def delete(self, *args: Any, **kwargs: Any) -> None:
-            raise httpx2.ConnectError("All connection attempts failed")
+            raise TransportError("ClientConnectorError: connection refused", sent=False)
 
         async def create(self, *args: Any, **kwargs: Any) -> None:
-            raise httpx2.RemoteProtocolError("Server disconnected without sending a response.")
+            raise TransportError("ServerDisconnectedError: Server disconnected", sent=True)
 
     expectations = Expectations()
     control = PodControl(Kube(), expectations)  # type: ignore[arg-type]
     pod = {"metadata": {"name": "cpu-0", "namespace": "ns", "uid": "u1"}}
-    with pytest.raises(httpx2.ConnectError):
+    with pytest.raises(TransportError):
         await control.delete_pod("ns/cpu", pod)
     assert expectations.satisfied("ns/cpu")
-    with pytest.raises(httpx2.RemoteProtocolError):
+    with pytest.raises(TransportError):
         await control.create_pod("ns/cpu", pod)
     assert expectations.satisfied("ns/cpu")

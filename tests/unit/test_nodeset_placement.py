@@ -23,6 +23,7 @@ from slinky.slurm.client import SlurmClient
 from slinky.slurm.informer import SlurmInformer
 from slinky.slurm.models import Node
 from slinky.slurm.tokens import StaticToken
+from tests.unit.fake_http import MockTransport
 
 NFD = "feature.node.kubernetes.io/"
 ZONE = "topology.kubernetes.io/zone"
@@ -116,7 +117,7 @@ def setup(
 
     client = SlurmClient("http://slurm.test", StaticToken("t", user="u"))
     client.version = "v0.0.45"
-    client.http = httpx2.AsyncClient(base_url=client.url, transport=httpx2.MockTransport(handler))
+    client.http = MockTransport(client.url, handler)
     informer = SlurmInformer(client)
     informer._synced.set()
     informer.stale = False

@@ -23,6 +23,7 @@ from slinky.slurm.client import SlurmClient
 from slinky.slurm.informer import SlurmInformer
 from slinky.slurm.models import Node
 from slinky.slurm.tokens import StaticToken
+from tests.unit.fake_http import MockTransport
 
 JSON = dict[str, Any]
 OPENAPI = {"paths": {"/slurm/v0.0.45/ping/": {}}}
@@ -65,7 +66,7 @@ def setup(registered: list[str], pod_ages: dict[str, float]) -> tuple[NodeSetSyn
         return httpx2.Response(200, json={"nodes": [{"name": name}] if name in registered else []})
 
     client = SlurmClient("http://slurm.test", StaticToken("t", user="u"))
-    client.http = httpx2.AsyncClient(base_url=client.url, transport=httpx2.MockTransport(handler))
+    client.http = MockTransport(client.url, handler)
     informer = SlurmInformer(client)
     informer._synced.set()
     informer.stale = False
@@ -202,9 +203,7 @@ async def test_a_ready_pod_whose_idle_node_stopped_responding_is_replaced_once_s
         name = req.url.path.rstrip("/").rsplit("/", 1)[-1]
         return httpx2.Response(200, json={"nodes": [raw[name]]})
 
-    view.conn.client.http = httpx2.AsyncClient(
-        base_url=view.conn.client.url, transport=httpx2.MockTransport(handler)
-    )
+    view.conn.client.http = MockTransport(view.conn.client.url, handler)
     view.conn.client.version = "v0.0.45"
     for name in states:
         view.active[name]["status"]["conditions"].append(

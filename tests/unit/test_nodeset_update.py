@@ -25,6 +25,7 @@ from slinky.slurm.client import SlurmClient
 from slinky.slurm.informer import SlurmInformer
 from slinky.slurm.models import Node
 from slinky.slurm.tokens import StaticToken
+from tests.unit.fake_http import MockTransport
 
 JSON = dict[str, Any]
 OPENAPI: JSON = {"paths": {"/slurm/v0.0.45/ping/": {}}}
@@ -102,9 +103,7 @@ class Bed:
             return httpx2.Response(200, json={"nodes": [known] if known else []})
 
         client = SlurmClient("http://slurm.test", StaticToken("t", user="u"))
-        client.http = httpx2.AsyncClient(
-            base_url=client.url, transport=httpx2.MockTransport(slurmrestd)
-        )
+        client.http = MockTransport(client.url, slurmrestd)
         self.informer = SlurmInformer(client)
         self.informer._synced.set()
         self.informer.stale = False

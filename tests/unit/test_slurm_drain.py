@@ -19,6 +19,7 @@ from slinky.slurm.client import SlurmClient
 from slinky.slurm.informer import SlurmInformer
 from slinky.slurm.models import Node
 from slinky.slurm.tokens import StaticToken
+from tests.unit.fake_http import MockTransport
 
 OPENAPI: dict[str, object] = {"paths": {"/slurm/v0.0.45/ping/": {}, "/slurm/v0.0.44/ping/": {}}}
 OURS = "slurm-operator: "
@@ -54,7 +55,7 @@ def bed(*, cached: dict[str, object] | None, live: dict[str, object] | None) -> 
         return httpx2.Response(200, json={"nodes": [live]})
 
     client = SlurmClient("http://slurm.test", StaticToken("t", user="u"), retries=1)
-    client.http = httpx2.AsyncClient(base_url=client.url, transport=httpx2.MockTransport(handle))
+    client.http = MockTransport(client.url, handle)
     informer = SlurmInformer(client)
     informer._synced.set()
     if cached is not None:

@@ -8,6 +8,7 @@ import pytest
 from slinky.slurm import errors
 from slinky.slurm.client import SlurmClient
 from slinky.slurm.tokens import StaticToken
+from tests.unit.fake_http import MockTransport
 
 OPENAPI = {"paths": {"/slurm/v0.0.45/ping/": {}}}
 
@@ -15,7 +16,7 @@ OPENAPI = {"paths": {"/slurm/v0.0.45/ping/": {}}}
 def client(handler: object, retries: int = 3) -> SlurmClient:
     tokens = StaticToken("secret-token-value", user="u")
     c = SlurmClient("http://slurm.test", tokens, retries=retries)
-    c.http = httpx2.AsyncClient(base_url=c.url, transport=httpx2.MockTransport(handler))  # type: ignore[arg-type]
+    c.http = MockTransport(c.url, handler)
     return c
 
 
@@ -61,3 +62,43 @@ async def test_a_refused_token_is_refreshed_once_then_auth_error() -> None:
         await c.ping()
     assert calls == ["secret-token-value", "secret-token-value"]
     assert "secret-token-value" not in str(info.value) + repr(info.value)
+
+
+async def test_the_client_reads_slurmrestds_doubled_error_answers() -> None:
+    """slurmrestd writes each error answer twice on a connection it closes; the client keeps
+    the first (Slurm's error, classified), where aiohttp alone reported no answer at all
+    (tests/unit/test_transport.py)."""
+    import asyncio
+    import json
+
+    from slinky.slurm import errors
+    from slinky.slurm.client import SlurmClient
+    from slinky.slurm.tokens import StaticToken
+
+    paths = json.dumps({"paths": {"/slurm/v0.0.45/ping/": {}}}).encode()
+    missing = json.dumps({"errors": [{"error_number": 2017, "error": "Invalid job id"}]})
+
+    def answer(status: str, body: bytes, close: bool) -> bytes:
+        extra = b"Connection: Close\r\n" if close else b""
+        head = f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\n".encode()
+        return head + extra + b"\r\n" + body
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(answer("200 OK", paths, False))
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(answer("404 NOT FOUND", missing.encode(), True))
+        writer.write(answer("404 NOT FOUND", b"Invalid job id", True))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    c = SlurmClient(f"http://127.0.0.1:{port}", StaticToken("t", user="root"), retries=0)
+    with pytest.raises(errors.SlurmError) as e:
+        await c.call("GET", "job/1")
+    assert not isinstance(e.value, errors.SlurmUnavailable)
+    assert e.value.status == 404
+    await c.close()
+    server.close()
+    await server.wait_closed()

@@ -17,8 +17,6 @@ import dataclasses
 import logging
 from collections.abc import Callable
 
-import httpx2
-
 from slinky import __version__, process
 from slinky.background import Backoff
 from slinky.bridge.admission.component import AdmissionComponent
@@ -137,7 +135,7 @@ async def cluster_id(kube: rest.Kube, config: BridgeConfig) -> str:
         try:
             ns = await kube.get(rest.NAMESPACES, "kube-system")
             return str(ns["metadata"]["uid"])
-        except (rest.ApiError, OSError, httpx2.HTTPError) as e:
+        except (rest.ApiError, OSError, rest.TransportError) as e:
             if asyncio.get_running_loop().time() > deadline:
                 raise ValueError(
                     f"cannot read namespace kube-system for the cluster id ({e}); set "

@@ -28,7 +28,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx2
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -143,7 +142,7 @@ class Informer(BackgroundLoop):
                 await asyncio.sleep(delay)
             except WatchSilent:
                 log.debug("%s: watch silent for %.0fs; reopening", self, self.silence_timeout)
-            except (httpx2.HTTPError, OSError, ValueError) as e:
+            except (rest.TransportError, OSError, ValueError) as e:
                 if cancelling():
                     raise asyncio.CancelledError from e
                 self.last_error = f"connection problem: {e}"

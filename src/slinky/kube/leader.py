@@ -19,8 +19,6 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-import httpx2
-
 from slinky.kube import metrics, rest
 from slinky.kube.conditions import now_micro
 from slinky.types import JSON
@@ -135,12 +133,12 @@ class LeaderElector:
             }
             try:
                 await self.kube.create(rest.LEASES, body, self.namespace)
-            except (rest.ApiError, httpx2.HTTPError, OSError) as e:
+            except (rest.ApiError, rest.TransportError, OSError) as e:
                 log.info("leader election %s: create lease: %s", self.name, e)
                 return False
             self._observe(body["spec"])
             return True
-        except (httpx2.HTTPError, OSError) as e:
+        except (rest.TransportError, OSError) as e:
             log.warning("leader election %s: get lease: %s", self.name, e)
             return False
 
@@ -159,7 +157,7 @@ class LeaderElector:
         lease["spec"] = new_spec
         try:
             await self.kube.request("PUT", path, body=lease)
-        except (rest.ApiError, httpx2.HTTPError, OSError) as e:
+        except (rest.ApiError, rest.TransportError, OSError) as e:
             log.info("leader election %s: update lease: %s", self.name, e)
             return False
         self._observe(new_spec)
@@ -176,7 +174,7 @@ class LeaderElector:
             )
             await self.kube.request("PUT", path, body=lease)
             log.info("leader election %s: released the lease", self.name)
-        except (rest.ApiError, httpx2.HTTPError, OSError) as e:
+        except (rest.ApiError, rest.TransportError, OSError) as e:
             log.warning("leader election %s: release failed: %s", self.name, e)
 
     # ------------------------------------------------------------ helpers

@@ -36,5 +36,5 @@ def setup(level: str = "info", fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    for noisy in ("httpx", "httpx2", "httpcore", "httpcore2", "aiohttp.access"):
+    for noisy in ("httpx", "httpx2", "httpcore", "httpcore2", "aiohttp.access", "aiohttp.client"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -16,8 +16,6 @@ import logging
 import time
 from dataclasses import dataclass
 
-import httpx2
-
 from slinky.kube import rest
 
 log = logging.getLogger(__name__)
@@ -55,7 +53,7 @@ class MetricsAccess:
             return cached[1]
         try:
             decision = await self._review(token.strip())
-        except (rest.ApiError, httpx2.HTTPError) as e:
+        except (rest.ApiError, rest.TransportError) as e:
             log.info("cannot review a /metrics token now: %s", e)
             return Decision(503, "the apiserver did not answer the token review; try again")
         if len(self._cache) >= MAX_CACHED:

@@ -2,12 +2,14 @@
 
 lightkube gives typed models and server-side apply; hot paths (informers, status patches,
 pod binding) want plain dicts and full control of query parameters (`allowWatchBookmarks`,
-`resourceVersionMatch`, preconditions). This module reuses lightkube's kubeconfig handling and
-its pooled httpx2 client so both paths share one configuration and one connection pool.
+`resourceVersionMatch`, preconditions). This module reuses lightkube's kubeconfig handling (TLS and
+credentials) and sends its requests over pooled aiohttp connections (`slinky.transport`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -20,7 +22,10 @@ from lightkube.config.kubeconfig import KubeConfig, SingleConfig
 from lightkube.core import exceptions as lightkube_errors
 from prometheus_client import Counter
 
+from slinky.transport import Reply, Session, TransportError
 from slinky.types import JSON
+
+__all__ = ["ApiError", "Kube", "Resource", "TransportError"]
 
 REQUESTS = Counter(
     "rest_client_requests_total",
@@ -103,7 +108,7 @@ class ApiError(Exception):
         return self.code == 410
 
 
-def _error(resp: httpx2.Response, text: str) -> ApiError:
+def _error(resp: Reply, text: str) -> ApiError:
     try:
         body = json.loads(text)
     except ValueError:
@@ -115,12 +120,48 @@ def _error(resp: httpx2.Response, text: str) -> ApiError:
     return ApiError(resp.status_code, resp.reason_phrase, text[:500])
 
 
+class Credentials:
+    """The `Authorization` header for the kubeconfig's user, from lightkube's auth for it
+    (a token, a token file the kubelet rotates, an exec plugin, basic auth): asked once, kept,
+    and asked again after the apiserver answers 401."""
+
+    def __init__(self, auth: httpx2.Auth | None) -> None:
+        self.auth = auth
+        self.header: str | None = None
+        self._lock = asyncio.Lock()
+
+    async def headers(self) -> dict[str, str]:
+        if self.auth is not None and self.header is None:
+            await self.refresh(None)
+        return {"Authorization": self.header} if self.header else {}
+
+    async def refresh(self, refused: str | None) -> None:
+        """Ask the auth flow again; `refused`: the header the apiserver just refused (the
+        flow is told of the 401, so a token file is read again, an exec plugin run again)."""
+        if self.auth is None:
+            return
+        async with self._lock:
+            if self.header != refused:
+                return  # another request refreshed it meanwhile
+            req = httpx2.Request("GET", "https://kubernetes.invalid/")
+            flow = self.auth.async_auth_flow(req)
+            try:
+                req = await flow.__anext__()
+                if refused is not None and req.headers.get("Authorization") == refused:
+                    with contextlib.suppress(StopAsyncIteration):
+                        req = await flow.asend(httpx2.Response(401, request=req))
+            finally:
+                await flow.aclose()
+            self.header = req.headers.get("Authorization")
+
+
 class Kube:
     """A small async JSON client over one pooled connection set."""
 
-    def __init__(self, http: httpx2.AsyncClient, config: SingleConfig) -> None:
+    def __init__(self, http: Session, config: SingleConfig, credentials: Credentials) -> None:
         self.http = http
         self.config = config
+        self.credentials = credentials
 
     @classmethod
     def from_kubeconfig(cls, path: str | Path | None = None, *, timeout: float = 30.0) -> Kube:
@@ -129,17 +170,21 @@ class Kube:
             config = (KubeConfig.from_file(path) if path else KubeConfig.from_env()).get()
             if config is None:
                 raise ValueError(f"kubeconfig {path or '$KUBECONFIG'} has no current context")
-            params = client_adapter.ConnectionParams(
-                timeout=httpx2.Timeout(timeout), trust_env=False
-            )
+            params = client_adapter.ConnectionParams(trust_env=False)
             kwargs = params.httpx_params(config)
         except (lightkube_errors.ConfigError, AssertionError) as e:
             raise ValueError(f"kubeconfig: {e or 'no user in the current context'}") from None
         # Every connection kept for reuse: with 20 kept, a scheduler with 16 workers beside
         # its watches closed connections after use and opened (TLS handshake) new ones at
         # every request in a burst (a fifth of its CPU time).
-        kwargs["limits"] = httpx2.Limits(max_connections=100, max_keepalive_connections=100)
-        return cls(httpx2.AsyncClient(**kwargs), config)
+        server = str(kwargs["base_url"])
+        http = Session(
+            server,
+            ssl=kwargs["verify"] if server.startswith("https") else None,
+            timeout=timeout,
+            max_connections=100,
+        )
+        return cls(http, config, Credentials(kwargs["auth"]))
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -154,19 +199,28 @@ class Kube:
         content_type: str = "application/json",
         timeout: float | None = None,
     ) -> JSON:
-        """Send one request; return the decoded JSON body or raise ApiError."""
-        headers = {"Accept": "application/json"}
+        """Send one request; return the decoded JSON body or raise ApiError (TransportError
+        when no answer came)."""
         content = None
         if body is not None:
             content = json.dumps(body).encode()
-            headers["Content-Type"] = content_type
-        extra: dict[str, Any] = {}
-        if timeout is not None:
-            extra["timeout"] = timeout
-        resp = await self.http.request(
-            method, path, params=_params(params), content=content, headers=headers, **extra
-        )
-        REQUESTS.labels(str(resp.status_code), method).inc()
+        for attempt in range(2):
+            headers = {"Accept": "application/json", **await self.credentials.headers()}
+            if content is not None:
+                headers["Content-Type"] = content_type
+            resp = await self.http.request(
+                method,
+                path,
+                params=_params(params),
+                content=content,
+                headers=headers,
+                timeout=timeout,
+            )
+            REQUESTS.labels(str(resp.status_code), method).inc()
+            if resp.status_code == 401 and attempt == 0 and self.credentials.auth is not None:
+                await self.credentials.refresh(headers.get("Authorization"))
+                continue
+            break
         text = resp.text
         if resp.status_code >= 300:
             raise _error(resp, text)
@@ -268,17 +322,20 @@ class Kube:
         """One watch stream: yields raw watch events until the server closes it.
         An ERROR event is raised as ApiError (410 Gone among them)."""
         query = {"watch": "true", **(params or {})}
+        headers = {"Accept": "application/json", **await self.credentials.headers()}
         async with self.http.stream(
-            "GET",
-            res.path(namespace),
-            params=_params(query),
-            timeout=httpx2.Timeout(30.0, read=None),
+            "GET", res.path(namespace), params=_params(query), headers=headers
         ) as resp:
             REQUESTS.labels(str(resp.status_code), "WATCH").inc()
+            if resp.status_code == 401:
+                await self.credentials.refresh(headers.get("Authorization"))
             if resp.status_code >= 300:
-                raise _error(resp, (await resp.aread()).decode(errors="replace"))
-            async for line in resp.aiter_lines():
-                if not line:
+                body = await resp.read()
+                raise _error(
+                    Reply(resp.status_code, body, resp.reason_phrase), body.decode(errors="replace")
+                )
+            async for line in resp.lines():
+                if not line.strip():
                     continue
                 event = json.loads(line)
                 if event.get("type") == "ERROR":

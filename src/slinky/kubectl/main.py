@@ -22,7 +22,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import httpx2
 import yaml
 
 from slinky.kube import rest
@@ -163,8 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         why.WhyError,
         rest.ApiError,
         ValueError,
-        OSError,
-        httpx2.HTTPError,
+        OSError,  # rest.TransportError among them
     ) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -19,13 +19,13 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import httpx2
 from prometheus_client import Counter, Histogram
 
 from slinky.background import Backoff
 from slinky.slurm import errors
 from slinky.slurm.models import Job, Node, Partition, Ping, Reservation, Resources, number
 from slinky.slurm.tokens import TokenProvider
+from slinky.transport import Reply, Session, Transport, TransportError
 from slinky.types import JSON
 
 log = logging.getLogger(__name__)
@@ -80,12 +80,8 @@ class SlurmClient:
         self.slurm_release = ""
         self.requests_sent = 0
         self.bytes_received = 0
-        self.http = httpx2.AsyncClient(
-            base_url=self.url,
-            timeout=httpx2.Timeout(timeout),
-            limits=httpx2.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
-            ),
+        self.http: Transport = Session(
+            self.url, timeout=timeout, max_connections=max_connections, drop_after_close=True
         )
         self._negotiate_lock = asyncio.Lock()
 
@@ -105,7 +101,7 @@ class SlurmClient:
         params: Params = None,
         body: Any = None,
         tokens: TokenProvider | None = None,
-    ) -> httpx2.Response:
+    ) -> Reply:
         """One HTTP exchange with token refresh on 401 and retries on connection errors;
         as `tokens`' user when given, else as the client's."""
         tokens = tokens or self.tokens
@@ -126,15 +122,11 @@ class SlurmClient:
                 resp = await self.http.request(
                     method, path, params=params, headers=headers, content=content
                 )
-            except httpx2.HTTPError as e:
+            except TransportError as e:
                 REQUESTS.labels(self.url, method, endpoint, "error").inc()
-                sent = not isinstance(
-                    e, httpx2.ConnectError | httpx2.ConnectTimeout | httpx2.PoolTimeout
-                )
-                if attempt >= self.retries or (sent and method not in _IDEMPOTENT):
+                if attempt >= self.retries or (e.sent and method not in _IDEMPOTENT):
                     raise errors.SlurmUnavailable(
-                        f"slurmrestd {self.url} unreachable ({method} {endpoint}): "
-                        f"{type(e).__name__}: {e}",
+                        f"slurmrestd {self.url} unreachable ({method} {endpoint}): {e}",
                         endpoint=endpoint,
                     ) from None
                 attempt += 1
@@ -151,7 +143,7 @@ class SlurmClient:
             return resp
 
     @staticmethod
-    def _refused_token(resp: httpx2.Response) -> bool:
+    def _refused_token(resp: Reply) -> bool:
         if resp.status_code == 401:
             return True
         if resp.status_code in (500, 511):

@@ -1,0 +1,312 @@
+"""HTTP exchanges over pooled aiohttp connections, for the Kubernetes and slurmrestd clients.
+
+Both clients used httpx2 before; on the bridge's hot path (a pod placed is about six
+requests) it spent about 0.5 ms of CPU per request in its pool and models, aiohttp about
+0.1 ms (tests/unit/test_transport.py has the measurement script's numbers in its docstring).
+This module keeps what the two clients need and nothing more: one pooled session per
+server, bytes in and out, and one exception for "no HTTP answer" that says whether the
+request may have reached the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import json
+import ssl as ssl_module
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiohttp
+from aiohttp.client_proto import ResponseHandler
+
+Params = Mapping[str, Any] | Sequence[tuple[str, Any]] | None
+
+
+class TransportError(OSError):
+    """No HTTP answer: refused, lost or timed out. `sent`: the request may have reached the
+    server (only an idempotent one may be sent again)."""
+
+    def __init__(self, message: str, *, sent: bool) -> None:
+        super().__init__(message)
+        self.sent = sent
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """An HTTP answer read whole."""
+
+    status_code: int
+    content: bytes
+    reason_phrase: str = ""
+
+    @property
+    def text(self) -> str:
+        return self.content.decode(errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+def query(params: Params) -> list[tuple[str, str]] | None:
+    """Query pairs as strings: booleans as `true`/`false`, None as an empty value (what the
+    clients sent before)."""
+    if not params:
+        return None
+    pairs = params.items() if isinstance(params, Mapping) else params
+    out = []
+    for k, v in pairs:
+        if isinstance(v, bool):
+            out.append((k, "true" if v else "false"))
+        else:
+            out.append((k, "" if v is None else str(v)))
+    return out
+
+
+def _timeout(seconds: float) -> aiohttp.ClientTimeout:
+    """`seconds` to connect and between two reads, no limit on the whole (a long list that
+    keeps coming is not cut off)."""
+    return aiohttp.ClientTimeout(total=None, connect=seconds, sock_read=seconds)
+
+
+def _failure(e: BaseException) -> TransportError:
+    not_sent = isinstance(e, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError)
+    return TransportError(f"{type(e).__name__}: {e}", sent=not not_sent)
+
+
+class Transport(Protocol):
+    """What a client needs of its HTTP connection (a fake in unit tests)."""
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Params = None,
+        headers: Mapping[str, str] | None = None,
+        content: bytes | None = None,
+        timeout: float | None = None,
+    ) -> Reply: ...
+
+    async def aclose(self) -> None: ...
+
+
+class Stream:
+    """A streamed answer: its status, then its body line by line."""
+
+    def __init__(self, resp: aiohttp.ClientResponse) -> None:
+        self.status_code = resp.status
+        self.reason_phrase = resp.reason or ""
+        self._resp = resp
+
+    async def read(self) -> bytes:
+        try:
+            return await self._resp.read()
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise _failure(e) from None
+
+    async def lines(self) -> AsyncIterator[bytes]:
+        """Lines of any length (aiohttp's own line reader stops at 64 KiB)."""
+        buf = bytearray()
+        try:
+            async for chunk in self._resp.content.iter_any():
+                buf += chunk
+                while (end := buf.find(b"\n")) >= 0:
+                    yield bytes(buf[:end])
+                    del buf[: end + 1]
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise _failure(e) from None
+        if buf:
+            yield bytes(buf)
+
+
+_NO_BODY = {204, 304}
+_MAX_HEAD = 1 << 16
+
+
+class Framing:
+    """Where each answer on a connection ends, to drop what a server writes after an answer
+    marked `Connection: close`.
+
+    slurmrestd writes every error answer twice (its JSON answer marked `Connection: Close`,
+    then a short text one) and closes the connection. aiohttp refuses any byte after an
+    answer marked `Connection: close` and loses the first answer with them; h11 (httpx2)
+    read the first and ignored the rest. Answers are followed by their `Content-Length`; one
+    framed otherwise (chunked, no length) stops the tracking and everything passes as is.
+    """
+
+    def __init__(self) -> None:
+        self.head = bytearray()
+        self.body_left = 0
+        self.closing = False
+        self.done = False
+        self.blind = False
+
+    def keep(self, data: bytes) -> bytes:
+        """The part of `data` that belongs to answers the connection may carry."""
+        if self.blind:
+            return data
+        if self.done:
+            return b""
+        out = bytearray()
+        pos = 0
+        while pos < len(data):
+            if self.body_left:
+                take = min(self.body_left, len(data) - pos)
+                out += data[pos : pos + take]
+                pos += take
+                self.body_left -= take
+                if not self.body_left and self.closing:
+                    self.done = True
+                    break
+                continue
+            before = len(self.head)
+            self.head += data[pos:]
+            end = self.head.find(b"\r\n\r\n")
+            if end < 0:
+                out += data[pos:]
+                self.blind = len(self.head) > _MAX_HEAD
+                break
+            used = end + 4 - before
+            out += data[pos : pos + used]
+            pos += used
+            head = bytes(self.head[: end + 4])
+            self.head.clear()
+            if not self._framed(head):
+                self.blind = True
+                out += data[pos:]
+                break
+            if not self.body_left and self.closing:
+                self.done = True
+                break
+        return bytes(out)
+
+    def _framed(self, head: bytes) -> bool:
+        """Read an answer's head: False when its end cannot be told from it."""
+        lines = head.decode("latin-1").split("\r\n")
+        try:
+            status = int(lines[0].split(" ", 2)[1])
+        except (IndexError, ValueError):
+            return False
+        fields: dict[str, str] = {}
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            fields[name.strip().lower()] = value.strip().lower()
+        self.closing = "close" in fields.get("connection", "")
+        if status < 200 or status in _NO_BODY:
+            self.body_left = 0
+            return True
+        if "transfer-encoding" in fields or not fields.get("content-length", "").isdigit():
+            return False
+        self.body_left = int(fields["content-length"])
+        return True
+
+
+class _FramedHandler(ResponseHandler):
+    """aiohttp's protocol, fed only what `Framing` keeps."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(loop)
+        self._framing = Framing()
+
+    def data_received(self, data: bytes) -> None:
+        kept = self._framing.keep(data) if data else data
+        if kept or not data:
+            super().data_received(kept)
+
+
+class Session:
+    """One server's pooled connections. The aiohttp session is made at the first request,
+    inside the event loop that uses it."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        ssl: ssl_module.SSLContext | None = None,
+        timeout: float = 30.0,
+        max_connections: int = 100,
+        drop_after_close: bool = False,
+    ) -> None:
+        """`drop_after_close`: ignore what the server writes after an answer marked
+        `Connection: close` (slurmrestd: see `Framing`)."""
+        self.base_url = base_url.rstrip("/")
+        self._drop_after_close = drop_after_close
+        self.timeout = timeout
+        self._ssl = ssl
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(
+                limit=self._max_connections,
+                ssl=self._ssl if self._ssl is not None else True,
+            )
+            if self._drop_after_close:  # aiohttp has no public hook for the protocol
+                connector._factory = functools.partial(  # type: ignore[assignment]
+                    _FramedHandler, loop=asyncio.get_running_loop()
+                )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=_timeout(self.timeout),
+                trust_env=False,
+            )
+        return self._session
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Params = None,
+        headers: Mapping[str, str] | None = None,
+        content: bytes | None = None,
+        timeout: float | None = None,
+    ) -> Reply:
+        extra: dict[str, Any] = {}
+        if timeout is not None:
+            extra["timeout"] = _timeout(timeout)
+        try:
+            async with self._open().request(
+                method,
+                self.base_url + path,
+                params=query(params),
+                headers=headers,
+                data=content,
+                **extra,
+            ) as resp:
+                body = await resp.read()
+                return Reply(resp.status, body, resp.reason or "")
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise _failure(e) from None
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Params = None,
+        headers: Mapping[str, str] | None = None,
+        connect_timeout: float = 30.0,
+    ) -> AsyncIterator[Stream]:
+        """An answer read as it comes, with no time limit once connected (watches)."""
+        timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout)
+        try:
+            resp = await self._open().request(
+                method, self.base_url + path, params=query(params), headers=headers, timeout=timeout
+            )
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise _failure(e) from None
+        try:
+            yield Stream(resp)
+        finally:
+            resp.release()
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
