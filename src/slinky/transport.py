@@ -134,7 +134,9 @@ class Framing:
     then a short text one) and closes the connection. aiohttp refuses any byte after an
     answer marked `Connection: close` and loses the first answer with them; h11 (httpx2)
     read the first and ignored the rest. Answers are followed by their `Content-Length`; one
-    framed otherwise (chunked, no length) stops the tracking and everything passes as is.
+    framed otherwise (chunked, no length, a head it cannot read) stops the tracking and
+    everything passes as is. It does not know the request's method: no HEAD request on a
+    connection that uses it (an answer to HEAD has a length and no body).
     """
 
     def __init__(self) -> None:
@@ -150,6 +152,13 @@ class Framing:
             return data
         if self.done:
             return b""
+        try:
+            return self._keep(data)
+        except (ValueError, IndexError):  # a head it cannot read: aiohttp's parser decides
+            self.blind = True
+            return data
+
+    def _keep(self, data: bytes) -> bytes:
         out = bytearray()
         pos = 0
         while pos < len(data):
@@ -198,9 +207,10 @@ class Framing:
         if status < 200 or status in _NO_BODY:
             self.body_left = 0
             return True
-        if "transfer-encoding" in fields or not fields.get("content-length", "").isdigit():
+        length = fields.get("content-length", "")
+        if "transfer-encoding" in fields or not (length.isascii() and length.isdigit()):
             return False
-        self.body_left = int(fields["content-length"])
+        self.body_left = int(length)
         return True
 
 
@@ -219,7 +229,11 @@ class _FramedHandler(ResponseHandler):
 
 class Session:
     """One server's pooled connections. The aiohttp session is made at the first request,
-    inside the event loop that uses it."""
+    inside the event loop that uses it, and again at the first request after `aclose`
+    (the bridge closes its Slurm client when its last component loses the lead, and uses it
+    again when one leads again). Redirects are not followed (an answer 3xx is the caller's,
+    as with httpx2: a POST redirected would come back a GET that succeeded, with the Slurm
+    token sent to wherever it pointed); an idle connection is kept 5 s."""
 
     def __init__(
         self,
@@ -243,6 +257,7 @@ class Session:
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(
                 limit=self._max_connections,
+                keepalive_timeout=5.0,
                 ssl=self._ssl if self._ssl is not None else True,
             )
             if self._drop_after_close:  # aiohttp has no public hook for the protocol
@@ -276,6 +291,7 @@ class Session:
                 params=query(params),
                 headers=headers,
                 data=content,
+                allow_redirects=False,
                 **extra,
             ) as resp:
                 body = await resp.read()
@@ -297,7 +313,12 @@ class Session:
         timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout)
         try:
             resp = await self._open().request(
-                method, self.base_url + path, params=query(params), headers=headers, timeout=timeout
+                method,
+                self.base_url + path,
+                params=query(params),
+                headers=headers,
+                timeout=timeout,
+                allow_redirects=False,
             )
         except (aiohttp.ClientError, TimeoutError) as e:
             raise _failure(e) from None

@@ -32,6 +32,8 @@ async def server() -> AsyncIterator[tuple[str, list[web.Request]]]:
             await resp.write(b'{"type":"MODIFIED",')
             await resp.write(b'"object":{}}\n\n{"type":"ERROR","object":{"code":410}}\n')
             return resp
+        if req.path == "/moved":
+            raise web.HTTPFound("/elsewhere")
         if req.path == "/broken":
             assert req.transport is not None
             req.transport.close()
@@ -63,7 +65,9 @@ def test_query_values_are_sent_as_the_clients_sent_them_before() -> None:
     assert query(None) is None
 
 
-async def test_an_answer_is_read_whole_with_its_status(server: tuple[str, list[object]]) -> None:
+async def test_an_answer_is_read_whole_with_its_status(
+    server: tuple[str, list[web.Request]],
+) -> None:
     url, _ = server
     http = Session(url)
     try:
@@ -80,8 +84,23 @@ async def test_an_answer_is_read_whole_with_its_status(server: tuple[str, list[o
         await http.aclose()
 
 
+async def test_a_redirect_is_the_callers_and_a_closed_session_opens_again(
+    server: tuple[str, list[web.Request]],
+) -> None:
+    """A POST redirected is not sent again as a GET elsewhere (with its token); a session
+    closed (the bridge's Slurm client when its components lose the lead) serves again."""
+    url, seen = server
+    http = Session(url)
+    reply = await http.request("POST", "/moved", content=b"{}", headers={"X-Token": "t"})
+    assert reply.status_code == 302
+    assert [r.path for r in seen] == ["/moved"]
+    await http.aclose()
+    assert (await http.request("GET", "/x")).status_code == 200
+    await http.aclose()
+
+
 async def test_no_answer_is_a_transport_error_that_says_whether_it_was_sent(
-    server: tuple[str, list[object]],
+    server: tuple[str, list[web.Request]],
 ) -> None:
     url, _ = server
     with socket.socket() as s:  # a port nothing listens on
@@ -101,7 +120,7 @@ async def test_no_answer_is_a_transport_error_that_says_whether_it_was_sent(
 
 
 async def test_a_watch_yields_events_of_any_length_and_raises_its_error_event(
-    server: tuple[str, list[object]],
+    server: tuple[str, list[web.Request]],
 ) -> None:
     url, _ = server
     kube = rest.Kube(Session(url), None, rest.Credentials(None))  # type: ignore[arg-type]
@@ -132,7 +151,7 @@ class _Root(rest.Resource):
 
 
 async def test_a_refused_token_file_is_read_again_once(
-    tmp_path: Path, server: tuple[str, list[object]]
+    tmp_path: Path, server: tuple[str, list[web.Request]]
 ) -> None:
     """The kubelet rotates a pod's service-account token in its file: a 401 makes the client
     read the file again and send the request once more."""
@@ -176,11 +195,19 @@ def test_framing_keeps_answers_and_drops_what_follows_a_closing_one(cut: int) ->
     assert kept == stream[: len(stream) - len(DOUBLED) + first]
 
 
-def test_framing_stands_aside_for_answers_it_cannot_frame() -> None:
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: \xb2\r\n\r\n{}",  # a latin-1 superscript 2
+        b"HTTP/1.1 200 OK\r\n\r\n{}",
+        b"garbage\r\n\r\n",
+    ],
+)
+def test_framing_stands_aside_for_answers_it_cannot_frame(head: bytes) -> None:
     f = Framing()
-    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
-    assert f.keep(chunked) == chunked
-    assert f.keep(DOUBLED) == DOUBLED  # blind from then on: aiohttp decides
+    assert f.keep(head) == head
+    assert f.keep(DOUBLED) == DOUBLED  # blind from then on: aiohttp's parser decides
 
 
 async def test_a_doubled_error_answer_is_read_as_its_first(tmp_path: Path) -> None:
