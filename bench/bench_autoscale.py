@@ -208,7 +208,7 @@ async def amain() -> None:
             return any(c["type"] == "Available" and c["status"] == "True" for c in conds)
 
         await until(available, 120, "APIService Available")
-        manifest = {
+        manifest: dict[str, Any] = {
             "apiVersion": "slinky.slurm.net/v1alpha1",
             "kind": "NodeSet",
             "metadata": {"name": name, "namespace": NS},

@@ -84,7 +84,7 @@ async def measure_sync(kubeconfig: str, mode: str) -> dict[str, float]:
         out["objects"] = len(inf.store)
         await inf.stop()
     else:
-        resp = await kube.http.get(rest.PODS.path(NAMESPACE))
+        resp = await kube.send("GET", rest.PODS.path(NAMESPACE))
         t_fetch = time.perf_counter()
         data = json.loads(resp.content)
         out["objects"] = len(data["items"])

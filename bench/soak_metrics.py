@@ -147,9 +147,7 @@ async def scrape(soak: Soak, requests: Requests, name: str, *, baseline: bool = 
     """Scrape one component now (a component that is down is skipped)."""
     try:
         if name == "apiserver":
-            resp = await soak.kube.http.get("/metrics")
-            resp.raise_for_status()
-            text = resp.text
+            text = (await soak.kube.send("GET", "/metrics", accept="text/plain")).text
         else:
             port = soak.ports.operator_metrics if name == "operator" else soak.ports.bridge_metrics
             text = await asyncio.to_thread(fetch, f"http://127.0.0.1:{port}/metrics")

@@ -128,7 +128,7 @@ async def test_informer_reconnects_after_apiserver_restart_and_misses_nothing(
         lambda: kube.create(rest.CONFIGMAPS, cm("new", v="1"), namespace),
         timeout=30,
         what="apiserver accepts writes",
-        ignore=(rest.ApiError, httpx2.HTTPError),
+        ignore=(rest.ApiError, rest.TransportError),
     )
     await kube.patch(rest.CONFIGMAPS, "change", {"data": {"v": "2"}}, namespace)
     await kube.delete(rest.CONFIGMAPS, "remove", namespace)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import httpx2
 
@@ -33,8 +34,9 @@ class MockTransport:
         content: bytes | None = None,
         timeout: float | None = None,
     ) -> Reply:
+        pairs: Any = query(params)
         req = httpx2.Request(
-            method, self.base_url + path, params=query(params), headers=headers, content=content
+            method, self.base_url + path, params=pairs, headers=headers, content=content
         )
         try:
             resp = self.handler(req)

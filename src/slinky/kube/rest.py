@@ -201,11 +201,33 @@ class Kube:
     ) -> JSON:
         """Send one request; return the decoded JSON body or raise ApiError (TransportError
         when no answer came)."""
-        content = None
-        if body is not None:
-            content = json.dumps(body).encode()
+        content = None if body is None else json.dumps(body).encode()
+        resp = await self.send(
+            method,
+            path,
+            params=params,
+            content=content,
+            content_type=content_type,
+            timeout=timeout,
+        )
+        text = resp.text
+        return json.loads(text) if text else {}
+
+    async def send(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, Any] | None = None,
+        content: bytes | None = None,
+        content_type: str = "application/json",
+        accept: str = "application/json",
+        timeout: float | None = None,
+    ) -> Reply:
+        """One exchange, the answer's bytes as they came (the apiserver's /metrics; a body the
+        caller decodes); once more with fresh credentials after a 401. ApiError when not 2xx."""
         for attempt in range(2):
-            headers = {"Accept": "application/json", **await self.credentials.headers()}
+            headers = {"Accept": accept, **await self.credentials.headers()}
             if content is not None:
                 headers["Content-Type"] = content_type
             resp = await self.http.request(
@@ -221,10 +243,9 @@ class Kube:
                 await self.credentials.refresh(headers.get("Authorization"))
                 continue
             break
-        text = resp.text
         if resp.status_code >= 300:
-            raise _error(resp, text)
-        return json.loads(text) if text else {}
+            raise _error(resp, resp.text)
+        return resp
 
     async def get(self, res: Resource, name: str, namespace: str | None = None) -> JSON:
         return await self.request("GET", res.path(namespace, name))
