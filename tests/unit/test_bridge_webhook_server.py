@@ -111,3 +111,43 @@ async def test_a_body_that_is_not_an_admission_review_gets_400(
         answer = await http.post(url + path, content=body)
     assert answer.status_code == 400
     assert "AdmissionReview" in answer.text
+
+
+async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str) -> bytes:
+    """One POST on an open connection; the answer's head."""
+    body = b"not json"
+    writer.write(
+        f"POST {path} HTTP/1.1\r\nHost: webhook\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+    await reader.readexactly(length)
+    return head.lower()
+
+
+async def test_a_draining_server_answers_with_connection_close_so_kept_connections_move_on(
+    tmp_path: Path,
+) -> None:
+    """After SIGTERM the replica keeps serving while its endpoint leaves the Service; a
+    connection the apiserver kept open must not stay on it until it closes under a review."""
+    crt, key = self_signed(tmp_path, "webhook")
+    server = AdmissionServer(
+        AdmissionHandlers(parse_config({}, environ={}), never_managed), ServingCertificate(crt, key)
+    )
+    await server.start("127.0.0.1:0")
+    client = ssl.create_default_context(cafile=str(crt))
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port, ssl=client)
+    try:
+        first = await exchange(reader, writer, MUTATE_PATH)
+        assert b"connection: close" not in first  # kept alive while serving
+        server.drain()
+        second = await exchange(reader, writer, MUTATE_PATH)  # the same connection still answers
+        assert b" 400 " in second
+        assert b"connection: close" in second
+        assert await asyncio.wait_for(reader.read(), timeout=5) == b""  # then closed by the server
+    finally:
+        writer.close()
+        await server.stop()

@@ -49,6 +49,7 @@ class AdmissionComponent:
         try:
             await self.server.start(self.ctx.args.webhook_bind_address)
             await stop.wait()
+            self.server.drain()
             delay = float(self.ctx.args.webhook_shutdown_delay)
             if delay > 0:
                 # The apiserver may still send reviews here until the endpoint of this pod,

@@ -173,9 +173,28 @@ class AdmissionServer:
         self.certificate = certificate
         self._runner: web.AppRunner | None = None
         self.port = 0
+        self.draining = False
+
+    def drain(self) -> None:
+        """Answer from now on with `Connection: close`: a client (the apiserver) that kept a
+        connection here opens its next one to the Service again, which no longer leads to this
+        terminating replica. Without it the kept connection is reused until the server stops
+        and closes it, and a review sent at that moment gets EOF (a pod creation refused)."""
+        self.draining = True
+
+    @web.middleware
+    async def _close_when_draining(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        resp = await handler(request)
+        if self.draining:
+            resp.force_close()
+        return resp
 
     async def start(self, address: str) -> None:
-        app = web.Application(client_max_size=8 * 1024 * 1024)
+        app = web.Application(
+            client_max_size=8 * 1024 * 1024, middlewares=[self._close_when_draining]
+        )
         app.router.add_post(MUTATE_PATH, self.handlers.mutate)
         app.router.add_post(VALIDATE_PATH, self.handlers.validate)
         self._runner = web.AppRunner(app, access_log=None)
