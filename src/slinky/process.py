@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import logging
 import os
 import signal
@@ -122,15 +123,26 @@ async def lead(
     await elector.run(work, stop)
 
 
-def report_stuck(grace: float) -> None:
-    """Shutdown overran its grace period: say what is still running."""
-    log.error("shutdown did not finish within %.0fs; pending tasks:", grace)
+def log_tasks(level: int, limit: int = 3) -> None:
+    """Each task of the loop and where it waits (innermost `limit` frames)."""
     for task in asyncio.all_tasks():
         if task is asyncio.current_task():
             continue
-        frames = task.get_stack(limit=3)
+        frames = task.get_stack(limit=limit)
         where = " <- ".join(f"{f.f_code.co_filename}:{f.f_lineno}" for f in frames)
-        log.error("  %s: %s", task.get_name(), where or "(no frame)")
+        log.log(level, "  %s: %s", task.get_name(), where or "(no frame)")
+
+
+def report_stuck(grace: float) -> None:
+    """Shutdown overran its grace period: say what is still running."""
+    log.error("shutdown did not finish within %.0fs; pending tasks:", grace)
+    log_tasks(logging.ERROR)
+
+
+def report_tasks() -> None:
+    """SIGUSR1: where every task waits, in the log (the process goes on)."""
+    log.warning("SIGUSR1: %d tasks:", len(asyncio.all_tasks()))
+    log_tasks(logging.WARNING, limit=8)
 
 
 async def until_stopped(work: asyncio.Task[None], stop: asyncio.Event, grace: float) -> int:
@@ -174,4 +186,8 @@ async def amain(
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    # What a hung process is doing: SIGUSR1 logs each task's stack (the loop must be free);
+    # SIGQUIT writes each thread's stack to stderr even when the loop is blocked, and goes on.
+    loop.add_signal_handler(signal.SIGUSR1, report_tasks)
+    faulthandler.register(signal.SIGQUIT, all_threads=True)
     return await run(args, stop)

@@ -7,6 +7,7 @@ import contextlib
 import os
 import signal
 import socket
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -98,3 +99,27 @@ def free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
+
+
+def terminate(proc: subprocess.Popen[bytes], log_path: Path, timeout: float) -> int:
+    """SIGTERM one of our processes and wait `timeout` s for its exit code. One that does not
+    exit is asked where it hangs (SIGUSR1: each asyncio task's stack; SIGQUIT: each thread's,
+    even with its loop blocked), killed, and the failure carries the end of its log."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        pass
+    size = log_path.stat().st_size
+    proc.send_signal(signal.SIGUSR1)
+    proc.send_signal(signal.SIGQUIT)
+    deadline = time.monotonic() + 5
+    while (
+        time.monotonic() < deadline
+        and b"most recent call first" not in log_path.read_bytes()[size:]
+    ):
+        time.sleep(0.1)
+    proc.kill()
+    proc.wait(10)
+    tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-150:])
+    raise AssertionError(f"{proc.args!r} did not exit {timeout:.0f}s after SIGTERM:\n{tail}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -102,8 +101,7 @@ class BridgeProcess:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
     def stop(self, timeout: float = 40) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
+        return procs.terminate(self.proc, self.log_path, timeout)
 
     def lost_leadership(self) -> bool:
         """Exited because the apiserver was unreachable past the renew deadline (another

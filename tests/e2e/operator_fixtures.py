@@ -105,8 +105,7 @@ class OperatorProcess:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
     def stop(self, timeout: float = 30) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
+        return procs.terminate(self.proc, self.log_path, timeout)
 
     def lost_leadership(self) -> bool:
         """Exited because the apiserver was unreachable past the renew deadline (a test that
