@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator, Iterator
 
 import pytest
 
@@ -96,3 +96,21 @@ __all__ = [
     "operator_session",
     "wait_for",
 ]
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failed test that used a bridge or operator process of ours carries that process's
+    log's end in its report (CI shows the report, not the log file)."""
+    report = yield
+    if report.failed:
+        funcargs = getattr(item, "funcargs", {})
+        for name in ("bridge", "bridge_env", "operator", "operator_session"):
+            owner = funcargs.get(name)
+            proc = getattr(owner, "bridge", owner)  # BridgeEnv holds the process
+            if proc is not None and hasattr(proc, "log_tail"):
+                report.sections.append((f"{name} log (last 60 lines)", proc.log_tail(60)))
+                break
+    return report
