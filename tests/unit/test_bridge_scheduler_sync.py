@@ -1094,3 +1094,26 @@ async def test_a_submission_goes_after_the_allocations_asked_before_it() -> None
         await asyncio.wait_for(asyncio.gather(first, *([second] if second else [])), 5)
     assert slurm.allocations == 1
     assert sorted(slurm.job(j).state[0] for j in slurm.jobs) == ["PENDING", "PENDING", "RUNNING"]
+
+
+async def test_a_job_id_slurm_gives_again_after_a_restart_is_the_new_jobs() -> None:
+    """The soak (seed 23): slurmctld, killed -9, came back from a state save older than a
+    gang's job 59 and gave 59 to pod p27's new job; the bridge still held its read of the
+    gang's 59, took p27's job for another's and submitted p27 again: two live jobs for one
+    pod, the first left running with no pod for minutes."""
+    sync, slurm, kube, pods = setup()
+    pods.upsert(make_pod("q", "u2"))
+    await sync.reconcile("ns/q")
+    (old,) = slurm.jobs
+    assert sync.watch.jobs.get(old) is not None  # the watch read and keeps q's job
+    del slurm.jobs[old]  # restarted from an older state save: the job is gone ...
+    slurm.last_id = old - 1  # ... and its id is given again
+    pods.upsert(make_pod("p", "u1"))
+    await sync.reconcile("ns/p")
+    assert list(slurm.jobs) == [old], "p's job was taken for q's and p submitted again"
+    assert job_label(pods.get("ns/p")) == str(old)
+    slurm.allocate(old, "n2")
+    sync.watch.jobs.pop(old, None)  # as the watch would, on the change
+    await sync.reconcile("ns/p")
+    assert kube.bound == {"ns/p": "n2"}
+    assert list(slurm.jobs) == [old] and slurm.cancelled == []

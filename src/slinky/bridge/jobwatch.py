@@ -133,6 +133,9 @@ class RecentReads:
                 break
             del self._reads[oldest]
 
+    def forget(self, job_id: int) -> None:
+        self._reads.pop(job_id, None)
+
     def get(self, job_id: int) -> Job | None:
         entry = self._reads.get(job_id)
         if entry is None or time.monotonic() - entry[0] >= self.max_age:
@@ -197,6 +200,15 @@ class JobWatch(BackgroundLoop):
         self._evented.pop(job_id, None)
         self._pass_looks.pop(job_id, None)
         self.jobs.pop(job_id, None)
+
+    def given_again(self, job_id: int) -> None:
+        """Slurm has just given `job_id` to a job the caller made: whatever was read under
+        that id is an earlier job's (slurmctld, restarted from a state save older than that
+        job, gives its ids again). Forgotten, here and in the reads lent between watches, so
+        that nothing takes the new job for the old one."""
+        self.untrack(job_id)
+        if self.recent is not None:
+            self.recent.forget(job_id)
 
     def follow_cancelled(self, job_id: int) -> None:
         """The bridge cancelled `job_id`: no longer tracked, but looked at on the settled

@@ -509,6 +509,7 @@ class SchedulerSync:
         try:
             await wait_at_most(self._answered, lambda: not self.claims.in_flight)
             job_id = await self.slurm.client.submit_job(desc)
+            self.watch.given_again(job_id)
             self.ledger.submitted(job_id, partition)
         finally:
             self.submitting[partition] -= 1
@@ -557,6 +558,7 @@ class SchedulerSync:
             job_id = await self.ask_allocation(desc if own else as_its_user(desc), tokens)
             if job_id is None:
                 return None
+            self.watch.given_again(job_id)
             if own:
                 job = await self.read_quietly(job_id)
             else:
