@@ -23,7 +23,7 @@ from slinky.operator.resources import NODESETS
 from slinky.slurm.models import expand_hostlist
 from slinky_testbed import paths
 from slinky_testbed.bed import KWOK_NODE_ANNOTATION
-from slinky_testbed.waiting import wait_for
+from slinky_testbed.waiting import WaitTimeout, wait_for
 from tests.e2e.nodeset_fixtures import Env, gone, nodeset_manifest, wait_idle_nodes
 
 WIDGET = "example.com/widget"
@@ -822,3 +822,39 @@ async def _has(get: Callable[[], Awaitable[set[str]]], want: set[str]) -> bool:
 
 async def _lacks(get: Callable[[], Awaitable[set[str]]], name: str) -> bool:
     return name not in await get()
+
+
+async def test_a_slurm_node_its_pod_could_not_delete_is_deleted_by_the_nodeset(env: Env) -> None:
+    """The soak: a slurmd pod went while slurmctld was down, so its preStop could not delete
+    its Slurm node; slurmctld came back from state that still had it, and the node stayed
+    (DOWN, NOT_RESPONDING) with no pod for good. The NodeSet deletes it, with an event."""
+    await env.kube.create(NODESETS, nodeset_manifest("left", 2), env.namespace)
+    kept, left = await wait_idle_nodes(env, "left", 2)
+    await asyncio.to_thread(env.testbed.stop_component, "slurmctld")  # saves its state
+    try:
+        await env.scale("left", 1)  # the operator waits for Slurm to drain: nothing happens
+        await env.kube.delete(rest.PODS, left, env.namespace)  # idle: allowed
+
+        async def pod_gone() -> bool:
+            return left not in [p["metadata"]["name"] for p in await env.pods("left")]
+
+        await wait_for(pod_gone, timeout=150, what=f"pod {left} gone, its preStop failing")
+    finally:
+        await asyncio.to_thread(env.testbed.start_component, "slurmctld")
+
+    async def deleted() -> bool:
+        return await env.slurm_node(left) is None
+
+    try:
+        await wait_for(deleted, timeout=150, interval=0.5, what=f"Slurm node {left} deleted")
+    except WaitTimeout as e:
+        node = await env.slurm_node(left)
+        raise AssertionError(
+            f"{e}: {node.state if node else None}, {node and node.comment}"
+        ) from None
+    events = (await env.kube.list(rest.EVENTS, env.namespace))["items"]
+    told = [e for e in events if e.get("reason") == "SlurmNodeDeleted"]
+    assert told and left in told[0]["note"], told  # Slurm had it back: the operator deleted it
+    node = await env.slurm_node(kept)
+    assert node is not None and not node.state.is_drain  # the pod that stays keeps its node
+    assert await env.live_pod_names("left") == [kept]

@@ -31,9 +31,10 @@ from slinky.operator.nodeset.builder import (
     ANNOTATION_NODE_CORDON_REASON,
     LABEL_PROTECT,
     REASON_PREFIX,
+    ordinal_of,
     slurm_comment,
 )
-from slinky.operator.nodeset.view import Context, View, belongs_to
+from slinky.operator.nodeset.view import Context, View, belongs_to, claimant
 from slinky.slurm.errors import SlurmError
 from slinky.slurm.models import Node
 from slinky.types import JSON
@@ -204,6 +205,38 @@ def unregistered(view: View) -> list[JSON]:
     """Active pods Ready for REGISTRATION_DEADLINE_S whose Slurm node Slurm does not know,
     by a view polled after that deadline passed (not condemned: those go anyway)."""
     return [pod for pod, left in _unregistered_clocks(view) if _due(view, left)]
+
+
+def departed(view: View) -> list[Node]:
+    """Slurm nodes of this NodeSet that outlived their pod: named `<nodeset>-<ordinal>`, no
+    pod of that name (active or terminating), and `outlived` by the cached view. The pod's
+    preStop deletes its node; it could not when slurmctld was down then, and a slurmctld
+    restarted from state saved before the delete brings the node back. Left there, it stays
+    DOWN in `sinfo` for ever. (A walk of the cached nodes, in memory: the node has no pod to
+    look it up by.)"""
+    if view.conn is None or not view.slurm_ready:
+        return []
+    prefix = view.name + "-"
+    out = []
+    for name, node in view.conn.informer.nodes.items():
+        if not name.startswith(prefix) or ordinal_of(view.name, name) is None:
+            continue
+        if name in view.active or name in view.terminating:
+            continue
+        if outlived(node, view.namespace):
+            out.append(node)
+    return out
+
+
+def outlived(node: Node, namespace: str) -> bool:
+    """A node whose slurmd is gone, with no job: Slurm marks it NOT_RESPONDING, nothing is
+    allocated or completing on it, and its comment names the pod of its name in `namespace`,
+    or nothing (a slurmctld restarted from older state may have lost the comment too)."""
+    return (
+        claimant(node.comment) in ((namespace, node.name), None)
+        and node.state.has("NOT_RESPONDING")
+        and not node.state.is_busy
+    )
 
 
 def _due(view: View, left: float) -> bool:

@@ -5,6 +5,8 @@
 2. `replace_finished` — pods that ended (Succeeded/Failed) are deleted and later re-created;
    `replace_unregistered` — so are pods whose slurmd registration slurmctld lost;
    `replace_unreachable` — and Ready pods whose idle Slurm node has not responded for long;
+   `forget_departed` — Slurm nodes that outlived their pod (its preStop could not delete
+                        them) are deleted;
    `check_autoscaler` — the `Autoscaling` condition (an HPA that cannot scale from 0);
 3. `scalein.scale_in` or `scale_out` — remove victims through the drain-before-delete path
                         (scalein.py), or create missing ordinals in slow-start batches;
@@ -264,6 +266,7 @@ class NodeSetSync:
             await self.replace_finished(view)
             requeue += await self.replace_unregistered(view)
             requeue += await self.replace_unreachable(view)
+            await self.forget_departed(view)
             if (recheck := mirror.recheck_in(view)) is not None:
                 requeue.append(recheck)
             self.check_autoscaler(view)
@@ -421,6 +424,32 @@ class NodeSetSync:
                 log.warning("nodeset %s: pod %s has no Slurm node; replacing it", view.key, name)
             view.moved(pod)
         return []
+
+    async def forget_departed(self, view: View) -> None:
+        """Delete the Slurm nodes that outlived their pod (`mirror.departed`), each after a
+        fresh read confirms it (`mirror.outlived`); Slurm itself refuses to delete a node
+        with jobs. A pod of that name made later registers anew."""
+        for cached in mirror.departed(view):
+            assert view.conn is not None  # departed() found none without a connection
+            name = cached.name
+            try:
+                node = await view.conn.client.get_node(name)
+                if not mirror.outlived(node, view.namespace):
+                    continue
+                await view.conn.client.delete_node(name)
+            except errors.SlurmError as e:
+                if not isinstance(e, errors.SlurmNotFound):
+                    log.warning("nodeset %s: Slurm node %s outlived its pod: %s", view.key, name, e)
+                continue
+            view.conn.informer.poke()
+            message = (
+                f"Slurm node {name} ({node.state}) outlived its pod (slurmctld "
+                "was down when the pod stopped, or restarted from older state); deleted"
+            )
+            self.ctx.recorder.event(
+                view.obj, events.NORMAL, "SlurmNodeDeleted", message, action="Delete"
+            )
+            log.info("nodeset %s: %s", view.key, message)
 
     async def replace_unreachable(self, view: View) -> list[float]:
         """Pods Ready whose own Slurm node has been NOT_RESPONDING without jobs past the
