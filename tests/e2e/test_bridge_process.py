@@ -4,6 +4,7 @@ component has its own Lease, SIGTERM exits cleanly and releases it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import ssl
 import subprocess
@@ -17,9 +18,11 @@ import yaml
 from slinky.bridge.labels import EXTERNAL_NODE
 from slinky.bridge.nodes.registration import registered_for
 from slinky.kube import rest
+from slinky.kube.conditions import now_micro
 from slinky_testbed.bed import Testbed
-from slinky_testbed.waiting import wait_for
+from slinky_testbed.waiting import WaitTimeout, wait_for
 from tests.e2e.bridge_fixtures import (
+    BRIDGE_NS,
     BridgeEnv,
     bridge_kubeconfig,
     issue_serving_cert,
@@ -168,3 +171,54 @@ async def test_a_second_replica_waits_for_the_node_controller_lease_then_takes_o
         code = second.stop()
         await env.bridge.restart()
     assert code == 0, second.log_tail()
+
+
+async def test_a_replica_whose_leases_are_taken_exits_1_promptly_to_be_restarted(
+    bridge: BridgeEnv,
+) -> None:
+    """Losing a Lease (here: another holder writes it, as after an apiserver outage longer
+    than the renew deadline) stops every component and ends the process with exit 1, within
+    its graceful-shutdown timeout: the kubelet restarts it clean. A replica that lingers
+    instead holds no Lease and schedules nothing (CI once saw one outlive SIGTERM)."""
+    env = bridge
+    election = f"slurm-bridge-lost-{env.managed_namespace[-6:]}"
+    replica = start_bridge(
+        env.work / "kubeconfig",
+        env.work / "config.yaml",
+        env.cert_dir,
+        env.work / "lost.log",
+        f"--leader-election-id={election}",
+        lease=("4s", "3s"),
+    )
+    leases = [f"{election}-{c}" for c in ("nodes", "scheduler", "workload")]
+    try:
+        await wait_ready(replica)
+
+        def leading() -> bool:
+            return replica.log_path.read_text().count("acquired the lease") == len(leases)
+
+        await wait_for(leading, timeout=60, what="the replica leading its three components")
+        for name in leases:
+            lease = await env.kube.get(rest.LEASES, name, BRIDGE_NS)
+            lease["spec"].update(
+                {"holderIdentity": "someone-else", "leaseDurationSeconds": 3600,
+                 "renewTime": now_micro()}
+            )  # fmt: skip
+            await env.kube.request("PUT", rest.LEASES.path(BRIDGE_NS, name), body=lease)
+
+        def exited() -> bool:
+            return replica.proc.poll() is not None
+
+        try:
+            await wait_for(exited, timeout=60, what="the replica exiting after losing its Leases")
+        except WaitTimeout:
+            replica.stop(timeout=0.1)  # raises with where it hangs
+        assert replica.proc.returncode == 1, replica.log_tail()
+        assert "lost leadership; exiting" in replica.log_tail(5)
+        assert not rbac_denials(replica.log_path)
+    finally:
+        if replica.proc.poll() is None:
+            replica.proc.kill()
+        for name in leases:
+            with contextlib.suppress(rest.ApiError):
+                await env.kube.delete(rest.LEASES, name, BRIDGE_NS)
