@@ -30,8 +30,9 @@ OPENAPI = {"paths": {"/slurm/v0.0.45/ping/": {}}}
 
 
 def node(name: str, state: list[str], namespace: str = "ns", pod: str | None = None) -> JSON:
+    """A dynamic node (as `slurmd -Z` registers) in `state`, claimed by `pod` in `namespace`."""
     comment = json.dumps({"namespace": namespace, "podName": pod or name})
-    return {"name": name, "state": state, "comment": comment}
+    return {"name": name, "state": [*state, "DYNAMIC_NORM"], "comment": comment}
 
 
 class Slurm:
@@ -80,7 +81,7 @@ def setup(
 async def test_a_node_whose_pod_is_gone_is_deleted_with_an_event() -> None:
     gone = node("cpu-1", ["DOWN", "DRAIN", "DYNAMIC_NORM", "NOT_RESPONDING"])
     # A slurmctld restarted from older state may have lost the comment as well.
-    uncommented = {"name": "cpu-7", "state": ["IDLE", "NOT_RESPONDING"], "comment": ""}
+    uncommented = {"name": "cpu-7", "state": ["IDLE", "DYNAMIC_NORM", "NOT_RESPONDING"]}
     sync, view, slurm, said = setup([node("cpu-0", ["IDLE"]), gone, uncommented], pods=["cpu-0"])
     await sync.forget_departed(view)
     assert slurm.deleted == ["cpu-1", "cpu-7"]
@@ -99,6 +100,7 @@ async def test_only_nodes_of_this_nodeset_without_pod_or_job_are_touched() -> No
         node("cpu-5", ["DOWN", gone], pod="cpu-6"),  # claimed by another pod
         node("cpu-x", ["DOWN", gone]),  # not an ordinal of this NodeSet
         node("cpu-1-0", ["DOWN", gone]),  # NodeSet cpu-1's
+        {"name": "cpu-8", "state": ["DOWN", gone]},  # a node of slurm.conf, not dynamic
     ]
     sync, view, slurm, said = setup(cached, pods=["cpu-0"])
     assert mirror.departed(view) == []

@@ -229,11 +229,13 @@ def departed(view: View) -> list[Node]:
 
 
 def outlived(node: Node, namespace: str) -> bool:
-    """A node whose slurmd is gone, with no job: Slurm marks it NOT_RESPONDING, nothing is
-    allocated or completing on it, and its comment names the pod of its name in `namespace`,
-    or nothing (a slurmctld restarted from older state may have lost the comment too)."""
+    """A node our slurmd made, now gone, with no job: a dynamic node (`slurmd -Z`; a node of
+    slurm.conf named like a pod is never one), NOT_RESPONDING, nothing allocated or
+    completing on it, and its comment names the pod of its name in `namespace`, or nothing
+    (a slurmctld restarted from older state may have lost the comment too)."""
     return (
         claimant(node.comment) in ((namespace, node.name), None)
+        and node.state.has("DYNAMIC_NORM")
         and node.state.has("NOT_RESPONDING")
         and not node.state.is_busy
     )
