@@ -212,8 +212,8 @@ class Soak:
 
     def rel(self, t: float) -> str:
         """`t` as +mm:ss from the start."""
-        s = max(0.0, t - self.started_at)
-        return f"+{int(s // 60):02d}:{s % 60:04.1f}"
+        tenths = round(max(0.0, t - self.started_at) * 10)  # rounded once: never "+06:60.0"
+        return f"+{tenths // 600:02d}:{tenths % 600 / 10:04.1f}"
 
     def log(self, text: str) -> None:
         now = time.time()

@@ -151,3 +151,11 @@ def test_a_bridge_pod_deleted_because_a_slurmctld_kill_lost_its_job_is_slurms(
         s.slurmctld_kills.clear()
         assert judge_pod(s, pod, {"p3": [message]}, {}).verdict == POD_BAD
         s.slurmctld_kills.append(146.5)
+
+
+def test_times_in_the_soak_log_round_to_a_valid_minute_and_second(tmp_path: Path) -> None:
+    s = soak(tmp_path)
+    s.started_at = 1000.0
+    assert s.rel(1000.0 + 6 * 60 + 59.97) == "+07:00.0"  # printed "+06:60.0"
+    assert s.rel(1000.0 + 6 * 60 + 59.94) == "+06:59.9"
+    assert s.rel(999.0) == "+00:00.0"
