@@ -41,6 +41,7 @@ class Slurm:
     def __init__(self, nodes: list[JSON]) -> None:
         self.nodes = {n["name"]: n for n in nodes}
         self.deleted: list[str] = []
+        self.updated: list[tuple[str, JSON]] = []
 
     def handler(self, req: httpx2.Request) -> httpx2.Response:
         if req.url.path == "/openapi/v3":
@@ -49,6 +50,9 @@ class Slurm:
         if req.method == "DELETE":
             self.deleted.append(name)
             self.nodes.pop(name, None)
+            return httpx2.Response(200, json={})
+        if req.method == "POST":
+            self.updated.append((name, json.loads(req.content)))
             return httpx2.Response(200, json={})
         found = [self.nodes[name]] if name in self.nodes else []
         return httpx2.Response(200, json={"nodes": found})
@@ -95,7 +99,7 @@ async def test_only_nodes_of_this_nodeset_without_pod_or_job_are_touched() -> No
         node("cpu-0", ["IDLE", gone]),  # its pod exists
         node("cpu-1", ["IDLE"]),  # its slurmd still answers
         node("cpu-2", ["ALLOCATED", gone]),  # runs a job: Slurm's to handle
-        node("cpu-3", ["IDLE", "COMPLETING", gone]),  # a job still completing
+        node("cpu-3", ["MIXED", "COMPLETING", gone]),  # one job completing, one running
         node("cpu-4", ["DOWN", gone], namespace="other"),  # another namespace's pod's
         node("cpu-5", ["DOWN", gone], pod="cpu-6"),  # claimed by another pod
         node("cpu-x", ["DOWN", gone]),  # not an ordinal of this NodeSet
@@ -105,7 +109,27 @@ async def test_only_nodes_of_this_nodeset_without_pod_or_job_are_touched() -> No
     sync, view, slurm, said = setup(cached, pods=["cpu-0"])
     assert mirror.departed(view) == []
     await sync.forget_departed(view)
-    assert slurm.deleted == [] and said == []
+    assert slurm.deleted == [] and slurm.updated == [] and said == []
+
+
+async def test_a_node_whose_ended_jobs_wait_completing_on_the_gone_slurmd_is_set_down_first() -> (
+    None
+):
+    """The soak: a job slurmctld restored as running after a kill -9 timed out on batch-1,
+    whose pod was gone; it stayed COMPLETING (no slurmd to run its epilog) until
+    SlurmdTimeout set the node DOWN, 5 minutes later."""
+    completing = node("cpu-1", ["IDLE", "COMPLETING", "NOT_RESPONDING"])
+    sync, view, slurm, said = setup([completing], pods=[])
+    await sync.forget_departed(view)
+    assert slurm.deleted == []
+    ((name, body),) = slurm.updated
+    assert name == "cpu-1" and body["state"] == ["DOWN"] and "pod is gone" in body["reason"]
+    assert said[0][0] == "SlurmNodeDown"
+    down = node("cpu-1", ["DOWN", "NOT_RESPONDING"])  # Slurm ended the COMPLETING jobs
+    slurm.nodes["cpu-1"] = down
+    view.conn.informer.nodes["cpu-1"] = Node.parse(down)  # type: ignore[union-attr]
+    await sync.forget_departed(view)
+    assert slurm.deleted == ["cpu-1"] and said[1][0] == "SlurmNodeDeleted"
 
 
 async def test_the_fresh_read_decides_and_a_terminating_pod_keeps_its_node() -> None:

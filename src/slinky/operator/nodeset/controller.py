@@ -30,7 +30,7 @@ from slinky.kube.store import BY_NODE_NAME, index_node_name, key_of
 from slinky.operator.clients import ClusterClients
 from slinky.operator.nodeset import builder
 from slinky.operator.nodeset import pods as pod_fields
-from slinky.operator.nodeset.mirror import outlived
+from slinky.operator.nodeset.mirror import slurmd_gone
 from slinky.operator.nodeset.placement import ANNOTATION_TOPOLOGY_SPEC as TOPOLOGY_SPEC
 from slinky.operator.nodeset.sync import BY_HPA_TARGET, NodeSetSync, hpa_target
 from slinky.operator.nodeset.view import Placement
@@ -235,7 +235,7 @@ def build(
             if pod is not None:
                 for key in to_owner(pod):
                     ctrl.enqueue(key)
-            elif event.new is not None and outlived(event.new, namespace):
+            elif event.new is not None and slurmd_gone(event.new, namespace):
                 # A node whose pod is gone: its NodeSet deletes it (forget_departed).
                 owner = f"{namespace}/{event.name.rsplit('-', 1)[0]}"
                 if nodesets.get(owner) is not None:

@@ -223,21 +223,36 @@ def departed(view: View) -> list[Node]:
             continue
         if name in view.active or name in view.terminating:
             continue
-        if outlived(node, view.namespace):
+        if outlived(node, view.namespace) or only_completing(node, view.namespace):
             out.append(node)
     return out
 
 
-def outlived(node: Node, namespace: str) -> bool:
-    """A node our slurmd made, now gone, with no job: a dynamic node (`slurmd -Z`; a node of
-    slurm.conf named like a pod is never one), NOT_RESPONDING, nothing allocated or
-    completing on it, and its comment names the pod of its name in `namespace`, or nothing
-    (a slurmctld restarted from older state may have lost the comment too)."""
+def slurmd_gone(node: Node, namespace: str) -> bool:
+    """A node our slurmd made, and that slurmd is gone: a dynamic node (`slurmd -Z`; a node
+    of slurm.conf named like a pod is never one), NOT_RESPONDING, whose comment names the pod
+    of its name in `namespace`, or nothing (a slurmctld restarted from older state may have
+    lost the comment too)."""
     return (
         claimant(node.comment) in ((namespace, node.name), None)
         and node.state.has("DYNAMIC_NORM")
         and node.state.has("NOT_RESPONDING")
-        and not node.state.is_busy
+    )
+
+
+def outlived(node: Node, namespace: str) -> bool:
+    """`slurmd_gone`, and nothing allocated or completing on it: the record can go."""
+    return slurmd_gone(node, namespace) and not node.state.is_busy
+
+
+def only_completing(node: Node, namespace: str) -> bool:
+    """`slurmd_gone` with jobs that have ended but are still COMPLETING on it, none running:
+    Slurm waits for an epilog that no slurmd will run, until SlurmdTimeout marks the node
+    DOWN (5 minutes by default). Marking it DOWN now ends that wait; no job is stopped."""
+    return (
+        slurmd_gone(node, namespace)
+        and node.state.base == "IDLE"  # no job running: ALLOCATED or MIXED otherwise
+        and node.state.has("COMPLETING")
     )
 
 

@@ -89,6 +89,7 @@ def hpa_target(hpa: JSON) -> list[str]:
 
 
 REGISTERING_RECHECK_S = 10.0
+GONE_REASON = f"{builder.REASON_PREFIX}its pod is gone"  # a node set DOWN by forget_departed
 CREATES_IN_FLIGHT = 64  # a batch of 2,048 at once only makes a loaded apiserver time out
 
 
@@ -427,16 +428,23 @@ class NodeSetSync:
 
     async def forget_departed(self, view: View) -> None:
         """Delete the Slurm nodes that outlived their pod (`mirror.departed`), each after a
-        fresh read confirms it (`mirror.outlived`); Slurm itself refuses to delete a node
-        with jobs. A pod of that name made later registers anew."""
+        fresh read confirms it (`mirror.outlived`; Slurm itself refuses to delete a node with
+        jobs); one whose ended jobs wait COMPLETING on the gone slurmd is set DOWN first
+        (`mirror.only_completing`). A pod of that name made later registers anew."""
         for cached in mirror.departed(view):
             assert view.conn is not None  # departed() found none without a connection
             name = cached.name
             try:
                 node = await view.conn.client.get_node(name)
-                if not mirror.outlived(node, view.namespace):
+                if mirror.outlived(node, view.namespace):
+                    await view.conn.client.delete_node(name)
+                    reason, done = "SlurmNodeDeleted", "deleted"
+                elif mirror.only_completing(node, view.namespace):
+                    # Deleted at a later pass, once Slurm has ended the COMPLETING jobs.
+                    await view.conn.client.update_node(name, state="DOWN", reason=GONE_REASON)
+                    reason, done = "SlurmNodeDown", "set DOWN to end its jobs' COMPLETING"
+                else:
                     continue
-                await view.conn.client.delete_node(name)
             except errors.SlurmError as e:
                 if not isinstance(e, errors.SlurmNotFound):
                     log.warning("nodeset %s: Slurm node %s outlived its pod: %s", view.key, name, e)
@@ -444,11 +452,9 @@ class NodeSetSync:
             view.conn.informer.poke()
             message = (
                 f"Slurm node {name} ({node.state}) outlived its pod (slurmctld "
-                "was down when the pod stopped, or restarted from older state); deleted"
+                f"was down when the pod stopped, or restarted from older state); {done}"
             )
-            self.ctx.recorder.event(
-                view.obj, events.NORMAL, "SlurmNodeDeleted", message, action="Delete"
-            )
+            self.ctx.recorder.event(view.obj, events.NORMAL, reason, message, action="Delete")
             log.info("nodeset %s: %s", view.key, message)
 
     async def replace_unreachable(self, view: View) -> list[float]:
