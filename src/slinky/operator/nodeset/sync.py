@@ -438,11 +438,15 @@ class NodeSetSync:
                 node = await view.conn.client.get_node(name)
                 if mirror.outlived(node, view.namespace):
                     await view.conn.client.delete_node(name)
-                    reason, done = "SlurmNodeDeleted", "deleted"
+                    reason, action, done = "SlurmNodeDeleted", "Delete", "deleted"
                 elif mirror.only_completing(node, view.namespace):
                     # Deleted at a later pass, once Slurm has ended the COMPLETING jobs.
                     await view.conn.client.update_node(name, state="DOWN", reason=GONE_REASON)
-                    reason, done = "SlurmNodeDown", "set DOWN to end its jobs' COMPLETING"
+                    reason, action, done = (
+                        "SlurmNodeDown",
+                        "Down",
+                        "set DOWN to end its jobs' COMPLETING",
+                    )
                 else:
                     continue
             except errors.SlurmError as e:
@@ -454,7 +458,7 @@ class NodeSetSync:
                 f"Slurm node {name} ({node.state}) outlived its pod (slurmctld "
                 f"was down when the pod stopped, or restarted from older state); {done}"
             )
-            self.ctx.recorder.event(view.obj, events.NORMAL, reason, message, action="Delete")
+            self.ctx.recorder.event(view.obj, events.NORMAL, reason, message, action=action)
             log.info("nodeset %s: %s", view.key, message)
 
     async def replace_unreachable(self, view: View) -> list[float]:
