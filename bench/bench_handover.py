@@ -12,9 +12,13 @@ bench: one machine).
 Each hand-over on a node (pod A ends, pod B starts) is split into:
 - report: A's container ended -> the bench's watch sees A's containers reported ended (the
   kubelet's status report; its PLEG relists every second);
-- bridge: that -> B seen bound (the bridge cancels A's job and nudges Slurm, Slurm allocates
-  B's job, the bridge sees it and binds B);
+- cancel: that -> the bridge cancelled A's job (its workload controller; the bridge's log);
+- Slurm: that -> Slurm started B's job (its start_time, whole seconds: slurmctld runs the
+  pass a freed EXTERNAL node waits for on its next whole-second tick, whatever asks for it);
+- bind: that -> B seen bound (the bridge's job watch sees the allocation, B is bound);
 - start: B bound -> B's container started (the kubelet: sandbox, container).
+Slurm and bind are cut at a whole second, so each can be off by the few ms slurmctld takes
+into its tick; their sum is exact.
 Also printed: terminal, A's container ended -> A seen Succeeded (the kubelet writes the phase
 once it has torn down the sandbox; the bridge no longer waits for it when B fits beside A).
 
@@ -29,10 +33,12 @@ import asyncio
 import contextlib
 import itertools
 import os
+import re
 import subprocess
 import time
 import uuid
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -162,13 +168,45 @@ class Result:
     gaps: list[float]  # per hand-over: B start - A end
     report: list[float]
     terminal: list[float]
-    bridge: list[float]
+    cancel: list[float]
+    slurm: list[float]
+    bind: list[float]
     start: list[float]
     runtimes: list[float]
 
 
+# The bridge's log lines the breakdown reads (its own words, at INFO).
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+_CANCELLED = re.compile(r"job \d+: cancelled \(pod [^/ ]+/(\S+) is ended")
+_BOUND = re.compile(r"pod [^/ ]+/(\S+): bound to \S+ \(Slurm job (\d+) on")
+
+
+def bridge_log(path: Path, names: set[str]) -> tuple[dict[str, float], dict[str, int]]:
+    """From the bridge's log: when the job of each pod of `names` was cancelled (wall
+    clock), and the job each was bound through."""
+    cancelled: dict[str, float] = {}
+    job_of: dict[str, int] = {}
+    for line in path.read_text(errors="replace").splitlines():
+        stamp = _STAMP.match(line)
+        if stamp is None:
+            continue
+        if (m := _CANCELLED.search(line)) and m.group(1) in names:
+            at = datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            cancelled.setdefault(m.group(1), at)
+        elif (m := _BOUND.search(line)) and m.group(1) in names:
+            job_of[m.group(1)] = int(m.group(2))
+    return cancelled, job_of
+
+
 async def one_run(
-    kube: rest.Kube, bed_dir: Path, seen: Seen, n_pods: int, node_names: list[str]
+    kube: rest.Kube,
+    *,
+    slurm: SlurmClient,
+    work: Path,
+    bed_dir: Path,
+    seen: Seen,
+    n_pods: int,
+    node_names: list[str],
 ) -> Result:
     run = uuid.uuid4().hex[:6]
     names = [f"h{run}-{i:02d}" for i in range(n_pods)]
@@ -191,15 +229,26 @@ async def one_run(
         if out.returncode != 0 or len(stamps) < 2:
             raise SystemExit(f"bench: logs of pod {name}: {out.stdout!r} {out.stderr.strip()}")
         times[name] = (float(stamps[0]), float(stamps[1]))
-    gaps, report, terminal, bridge, start_lat = [], [], [], [], []
+    cancelled, job_of = bridge_log(work / "bridge.log", set(names))
+    started: dict[str, float] = {}
+    for name, job_id in job_of.items():
+        job = await slurm.get_job(job_id)  # kept MinJobAge after it ended
+        if job.start_time:
+            started[name] = float(job.start_time)
+    gaps, report, terminal, start_lat = [], [], [], []
+    cancel, slurm_lat, bind = [], [], []
     for node in node_names:
         on = sorted((n for n in names if seen.node.get(n) == node), key=lambda n: times[n][0])
         for a, b in itertools.pairwise(on):
             gaps.append(times[b][0] - times[a][1])
             report.append(seen.ended[a] - times[a][1])
             terminal.append(seen.succeeded[a] - times[a][1])
-            bridge.append(seen.bound[b] - seen.ended[a])
             start_lat.append(times[b][0] - seen.bound[b])
+            if a not in cancelled or b not in started:
+                raise SystemExit(f"bench: no cancel of {a}'s job or start of {b}'s in the logs")
+            cancel.append(cancelled[a] - seen.ended[a])
+            slurm_lat.append(max(0.0, started[b] - cancelled[a]))
+            bind.append(seen.bound[b] - cancelled[a] - slurm_lat[-1])
     await kube.request("DELETE", rest.PODS.path(NS), params={"labelSelector": f"bench-run={run}"})
     return Result(
         pods=n_pods,
@@ -208,7 +257,9 @@ async def one_run(
         gaps=gaps,
         report=report,
         terminal=terminal,
-        bridge=bridge,
+        cancel=cancel,
+        slurm=slurm_lat,
+        bind=bind,
         start=start_lat,
         runtimes=[e - s for s, e in times.values()],
     )
@@ -240,7 +291,17 @@ async def run() -> list[Result]:
         await factory.wait_synced()
         await register(kube, slurm, real)
         for n_pods, n_nodes in RUNS:
-            results.append(await one_run(kube, bed.dir, seen, n_pods, real[:n_nodes]))
+            results.append(
+                await one_run(
+                    kube,
+                    slurm=slurm,
+                    work=work,
+                    bed_dir=bed.dir,
+                    seen=seen,
+                    n_pods=n_pods,
+                    node_names=real[:n_nodes],
+                )
+            )
     finally:
         await clear(kube)  # a failed run's pods, while the bridge still runs
         await release(kube, slurm, real)
@@ -255,18 +316,20 @@ def ms(v: float) -> str:
 def report(results: list[Result]) -> None:
     print("\nslurm-bridge hand-over on real nodes (exclusive pods of `sleep 5`, one after another)")
     print("  bridge: slurmPollInterval 500ms, immediateAllocation on; machine: 2 cores, shared")
-    head = (
-        "  pods nodes  makespan    ideal  ratio  gap p50  gap p99 | report p50 bridge p50 start p50"
-        " | terminal p50"
+    print(
+        "  pods nodes  makespan    ideal  ratio  gap p50  gap p99 | where the gap goes (p50): "
+        "report  cancel   Slurm    bind   start | terminal p50"
     )
-    print(head)
     for r in results:
         ideal = r.pods * SLEEP_S / r.nodes
         print(
             f"  {r.pods:4d} {r.nodes:5d} {r.makespan:8.1f}s {ideal:7.1f}s "
             f"{r.makespan / ideal:5.2f}x "
-            f"{ms(pct(r.gaps, 50)):>8} {ms(pct(r.gaps, 99)):>8} | {ms(pct(r.report, 50)):>10} "
-            f"{ms(pct(r.bridge, 50)):>10} {ms(pct(r.start, 50)):>9} | {ms(pct(r.terminal, 50)):>12}"
+            f"{ms(pct(r.gaps, 50)):>8} {ms(pct(r.gaps, 99)):>8} | {'':24}"
+            + "".join(
+                f"{ms(pct(x, 50)):>8}" for x in (r.report, r.cancel, r.slurm, r.bind, r.start)
+            )
+            + f" | {ms(pct(r.terminal, 50)):>12}"
         )
     runtimes = [t for r in results for t in r.runtimes]
     print(

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+from pathlib import Path
+
 from bench.bench_bridge import where_time_went
+from bench.bench_handover import bridge_log
 
 WQ = '{controller="bridge-scheduler",name="bridge-scheduler"}'
 ALLOC = '{endpoint="/slurm/v0.0.44/job/allocate",method="POST",server="s"}'
@@ -32,3 +36,24 @@ def test_means_are_taken_over_what_happened_between_the_two_scrapes() -> None:
         "pass": 0.1,
         "POST job/allocate (n=3)": 0.1,
     }
+
+
+def test_the_hand_over_bench_reads_cancels_and_binds_of_its_own_pods_from_the_bridge_log(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "bridge.log"
+    log.write_text(
+        "2026-11-30 03:00:05,377 INFO slinky.bridge.workload.sync: job 2: cancelled (pod "
+        "ns/h1-01 is ended (every container exited))\n"
+        "2026-11-30 03:00:05,400 INFO slinky.bridge.workload.sync: job 9: cancelled (pod "
+        "ns/other-01 is ended (every container exited))\n"
+        "  a traceback line\n"
+        "2026-11-30 03:00:06,046 INFO slinky.bridge.scheduler.sync: pod ns/h1-02: bound to "
+        "node-1 (Slurm job 3 on node-1)\n"
+        "2026-11-30 03:00:07,000 INFO slinky.bridge.workload.sync: job 2: cancelled (pod "
+        "ns/h1-01 is ended (every container exited))\n"
+    )
+    cancelled, job_of = bridge_log(log, {"h1-01", "h1-02"})
+    at = datetime(2026, 11, 30, 3, 0, 5, 377000).timestamp()
+    assert cancelled == {"h1-01": at}  # the first cancel counts
+    assert job_of == {"h1-02": 3}
