@@ -664,3 +664,38 @@ async def test_a_group_allocated_at_once_labels_each_pod_once_then_binds_it() ->
     kube.bound.clear()
     await sync.reconcile("ns/g-0")
     assert sync.watch.reads == reads and kube.bound == {} and len(kube.patched) == 2
+
+
+async def test_the_pods_of_a_group_arriving_together_read_their_owner_once() -> None:
+    class Slow(Owners):
+        async def get(self, res: rest.Resource, name: str, ns: str | None = None) -> JSON:
+            await asyncio.sleep(0.01)
+            return await super().get(res, name, ns)
+
+    kube = Slow({("jobs", "j"): job("j", "ju", gang="true", parallelism=8, completions=8)})
+    resolver = GroupResolver(kube)  # type: ignore[arg-type]
+    pods = [owned(make_pod(f"p{i}", f"u{i}"), "Job", "j", "ju", "batch/v1") for i in range(8)]
+    found = await asyncio.gather(*(resolver.resolve(p) for p in pods))
+    assert kube.gets == ["/apis/batch/v1/namespaces/ns/jobs/j"]
+    assert all(g is not None and g.size == 8 for g in found)
+
+
+async def test_a_failed_read_of_an_owner_is_not_taken_as_the_answer_by_those_waiting() -> None:
+    class FailsOnce(Owners):
+        failed = False
+
+        async def get(self, res: rest.Resource, name: str, ns: str | None = None) -> JSON:
+            await asyncio.sleep(0.01)
+            if not self.failed:
+                self.failed = True
+                raise rest.ApiError(500, "InternalError", "etcd")
+            return await super().get(res, name, ns)
+
+    kube = FailsOnce({("jobs", "j"): job("j", "ju", gang="true", parallelism=2, completions=2)})
+    resolver = GroupResolver(kube)  # type: ignore[arg-type]
+    pods = [owned(make_pod(f"p{i}", f"u{i}"), "Job", "j", "ju", "batch/v1") for i in range(2)]
+    first, second = await asyncio.gather(
+        *(resolver.resolve(p) for p in pods), return_exceptions=True
+    )
+    assert isinstance(first, rest.ApiError)
+    assert isinstance(second, Group) and second.size == 2  # read again, itself

@@ -37,6 +37,7 @@ starts pods as others finish would wait for ever for a whole group again).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -252,6 +253,10 @@ class GroupResolver:
         self.kube = kube
         self.ttl = ttl
         self._cache: dict[tuple[str, str, str], tuple[float, JSON | None]] = {}
+        # Reads on their way: the pods of a group come together, and each would read the
+        # same owner (a group of 8: 8 GETs of one PodGroup) before the first answer is in.
+        # Each answers (answered, object); not answered: the read failed, read again.
+        self._reading: dict[tuple[str, str, str], asyncio.Future[tuple[bool, JSON | None]]] = {}
         self.reads = 0
 
     async def read(self, res: rest.Resource, ns: str, name: str, uid: str = "") -> JSON | None:
@@ -263,6 +268,29 @@ class GroupResolver:
             obj = cached[1]
             if obj is None or not uid or _meta(obj).get("uid") == uid:
                 return obj
+        reading = self._reading.get(key)
+        answered, obj = await asyncio.shield(reading) if reading is not None else (False, None)
+        if not answered:  # no read on its way, or it failed: this one reads
+            future: asyncio.Future[tuple[bool, JSON | None]] = (
+                asyncio.get_running_loop().create_future()
+            )
+            self._reading[key] = future
+            try:
+                obj = await self._fetch(res, ns, name, key, now)
+                future.set_result((True, obj))
+            finally:
+                if self._reading.get(key) is future:
+                    del self._reading[key]
+                if not future.done():
+                    future.set_result((False, None))
+        if obj is not None and uid and _meta(obj).get("uid") != uid:
+            return None  # a new object of the same name: not this pod's owner
+        return obj
+
+    async def _fetch(
+        self, res: rest.Resource, ns: str, name: str, key: tuple[str, str, str], now: float
+    ) -> JSON | None:
+        """One GET, its answer cached (a missing object only briefly)."""
         self.reads += 1
         at = now
         try:
@@ -280,8 +308,6 @@ class GroupResolver:
         if len(self._cache) > 4096:  # bounded: drop what expired
             for k in [k for k, (at, _) in self._cache.items() if now - at >= self.ttl]:
                 del self._cache[k]
-        if obj is not None and uid and _meta(obj).get("uid") != uid:
-            return None  # a new object of the same name: not this pod's owner
         return obj
 
     async def chain(self, pod: JSON) -> list[JSON]:
