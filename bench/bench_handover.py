@@ -13,12 +13,11 @@ Each hand-over on a node (pod A ends, pod B starts) is split into:
 - report: A's container ended -> the bench's watch sees A's containers reported ended (the
   kubelet's status report; its PLEG relists every second);
 - cancel: that -> the bridge cancelled A's job (its workload controller; the bridge's log);
-- Slurm: that -> Slurm started B's job (its start_time, whole seconds: slurmctld runs the
-  pass a freed EXTERNAL node waits for on its next whole-second tick, whatever asks for it);
+- Slurm: that -> slurmctld allocated B's job (its log: "sched: Allocate"; it runs the pass
+  a freed EXTERNAL node waits for on the next whole second of its clock, whatever asks for
+  it);
 - bind: that -> B seen bound (the bridge's job watch sees the allocation, B is bound);
 - start: B bound -> B's container started (the kubelet: sandbox, container).
-Slurm and bind are cut at a whole second, so each can be off by the few ms slurmctld takes
-into its tick; their sum is exact.
 Also printed: terminal, A's container ended -> A seen Succeeded (the kubelet writes the phase
 once it has torn down the sandbox; the bridge no longer waits for it when B fits beside A).
 
@@ -181,6 +180,23 @@ _CANCELLED = re.compile(r"job \d+: cancelled \(pod [^/ ]+/(\S+) is ended")
 _BOUND = re.compile(r"pod [^/ ]+/(\S+): bound to \S+ \(Slurm job (\d+) on")
 
 
+_SLURM_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})\] ")
+_ALLOCATED = re.compile(r"(?:sched: Allocate|backfill: Started) JobId=(\d+) ")
+
+
+def slurm_log(path: Path, job_ids: set[int]) -> dict[int, float]:
+    """From slurmctld's log: when each job of `job_ids` was allocated (its last allocation;
+    wall clock). A job's `start_time` will not do: a pending job's update sets it."""
+    allocated: dict[int, float] = {}
+    for line in path.read_text(errors="replace").splitlines():
+        stamp = _SLURM_STAMP.match(line)
+        m = _ALLOCATED.search(line) if stamp else None
+        if stamp and m and int(m.group(1)) in job_ids:
+            at = datetime.strptime(stamp.group(1), "%Y-%m-%dT%H:%M:%S.%f").timestamp()
+            allocated[int(m.group(1))] = at
+    return allocated
+
+
 def bridge_log(path: Path, names: set[str]) -> tuple[dict[str, float], dict[str, int]]:
     """From the bridge's log: when the job of each pod of `names` was cancelled (wall
     clock), and the job each was bound through."""
@@ -201,7 +217,6 @@ def bridge_log(path: Path, names: set[str]) -> tuple[dict[str, float], dict[str,
 async def one_run(
     kube: rest.Kube,
     *,
-    slurm: SlurmClient,
     work: Path,
     bed_dir: Path,
     seen: Seen,
@@ -230,11 +245,8 @@ async def one_run(
             raise SystemExit(f"bench: logs of pod {name}: {out.stdout!r} {out.stderr.strip()}")
         times[name] = (float(stamps[0]), float(stamps[1]))
     cancelled, job_of = bridge_log(work / "bridge.log", set(names))
-    started: dict[str, float] = {}
-    for name, job_id in job_of.items():
-        job = await slurm.get_job(job_id)  # kept MinJobAge after it ended
-        if job.start_time:
-            started[name] = float(job.start_time)
+    allocated = slurm_log(bed_dir / "logs" / "slurmctld.log", set(job_of.values()))
+    started = {name: allocated[j] for name, j in job_of.items() if j in allocated}
     gaps, report, terminal, start_lat = [], [], [], []
     cancel, slurm_lat, bind = [], [], []
     for node in node_names:
@@ -245,10 +257,10 @@ async def one_run(
             terminal.append(seen.succeeded[a] - times[a][1])
             start_lat.append(times[b][0] - seen.bound[b])
             if a not in cancelled or b not in started:
-                raise SystemExit(f"bench: no cancel of {a}'s job or start of {b}'s in the logs")
+                continue  # B's job was allocated in its own request, not after A's cancel
             cancel.append(cancelled[a] - seen.ended[a])
-            slurm_lat.append(max(0.0, started[b] - cancelled[a]))
-            bind.append(seen.bound[b] - cancelled[a] - slurm_lat[-1])
+            slurm_lat.append(started[b] - cancelled[a])
+            bind.append(seen.bound[b] - started[b])
     await kube.request("DELETE", rest.PODS.path(NS), params={"labelSelector": f"bench-run={run}"})
     return Result(
         pods=n_pods,
@@ -294,7 +306,6 @@ async def run() -> list[Result]:
             results.append(
                 await one_run(
                     kube,
-                    slurm=slurm,
                     work=work,
                     bed_dir=bed.dir,
                     seen=seen,

@@ -6,7 +6,7 @@ from datetime import datetime
 from pathlib import Path
 
 from bench.bench_bridge import where_time_went
-from bench.bench_handover import bridge_log
+from bench.bench_handover import bridge_log, slurm_log
 
 WQ = '{controller="bridge-scheduler",name="bridge-scheduler"}'
 ALLOC = '{endpoint="/slurm/v0.0.44/job/allocate",method="POST",server="s"}'
@@ -57,3 +57,18 @@ def test_the_hand_over_bench_reads_cancels_and_binds_of_its_own_pods_from_the_br
     at = datetime(2026, 11, 30, 3, 0, 5, 377000).timestamp()
     assert cancelled == {"h1-01": at}  # the first cancel counts
     assert job_of == {"h1-02": 3}
+
+
+def test_the_hand_over_bench_reads_when_slurmctld_allocated_each_job(tmp_path: Path) -> None:
+    log = tmp_path / "slurmctld.log"
+    log.write_text(
+        "[2026-11-30T03:36:33.595] _slurm_rpc_submit_batch_job: JobId=50 InitPrio=1 usec=133\n"
+        "[2026-11-30T03:37:35.000] sched: Allocate JobId=50 NodeList=node-2 #CPUs=2\n"
+        "[2026-11-30T03:37:36.010] backfill: Started JobId=51 in slurm-bridge on node-1\n"
+        "[2026-11-30T03:37:37.000] sched: Allocate JobId=52 NodeList=node-1 #CPUs=2\n"
+    )
+    got = slurm_log(log, {50, 51})
+    assert got == {
+        50: datetime(2026, 11, 30, 3, 37, 35).timestamp(),
+        51: datetime(2026, 11, 30, 3, 37, 36, 10000).timestamp(),
+    }
