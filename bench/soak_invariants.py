@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from slinky.bridge import labels as bridge_labels
 from slinky.bridge import placeholder, podcontrol
 from slinky.bridge.groups import PODGROUP_LABEL
 from slinky.slurm.models import Job, expand_hostlist
@@ -99,11 +98,11 @@ def misbound_pods(s: Snapshot) -> dict[str, str]:
         if not node or podcontrol.has_ended(pod):
             continue
         key = f"{meta['namespace']}/{meta['name']}"
-        label = (meta.get("labels") or {}).get(bridge_labels.SLURM_JOBID)
-        if not label:
+        job_id = podcontrol.job_id_of(pod)  # the label, or the Binding's annotation
+        if job_id is None:
             out[key] = f"pod {key} bound to {node} without a placeholder job"
             continue
-        job = jobs.get(int(label))
+        job = jobs.get(job_id)
         if job is None:
             continue  # Slurm forgot it: `pods_outliving_jobs` judges that
         allocated = expand_hostlist(job.nodes)
@@ -139,10 +138,10 @@ def pods_outliving_jobs(s: Snapshot) -> dict[str, str]:
             or podcontrol.containers_ended(pod)  # nothing runs: its job was given back
         ):
             continue
-        label = (meta.get("labels") or {}).get(bridge_labels.SLURM_JOBID)
-        if not label:
+        label = podcontrol.job_id_of(pod)
+        if label is None:
             continue
-        job = jobs.get(int(label))
+        job = jobs.get(label)
         if job is None or job.is_finished:
             state = "unknown to Slurm" if job is None else "+".join(job.state)
             out[f"{meta['namespace']}/{meta['name']}"] = (

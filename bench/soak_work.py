@@ -27,7 +27,7 @@ from bench.soak_bed import BRIDGE_NAMESPACE, HPA_NODESET, SCALED_NODESET
 from bench.soak_health import UNREACHABLE, parse_time
 from bench.soak_state import BridgePod, Soak, TrackedJob
 from slinky.bridge import labels as bridge_labels
-from slinky.bridge import placeholder
+from slinky.bridge import placeholder, podcontrol
 from slinky.bridge.groups import PODGROUP_LABEL, X_PODGROUPS
 from slinky.kube import rest
 from slinky.slurm.models import Job, expand_hostlist
@@ -338,9 +338,9 @@ async def tend_bridge_pods(soak: Soak, listing: list[JSON], asked_at: float) -> 
                 bp.gone_at = asked_at
             continue
         spec, status = pod.get("spec") or {}, pod.get("status") or {}
-        job_id = (pod["metadata"].get("labels") or {}).get(bridge_labels.SLURM_JOBID)
-        if job_id:
-            bp.job_ids.add(int(job_id))
+        job_id = podcontrol.job_id_of(pod)  # the label, or the Binding's annotation
+        if job_id is not None:
+            bp.job_ids.add(job_id)
         if spec.get("nodeName") and bp.bound_at is None:
             bp.bound_at, bp.node = asked_at, spec["nodeName"]
         bp.phase = str(status.get("phase") or "")

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from slinky.bridge import podcontrol
 from slinky.bridge.groups import GANG, JOB_COMPLETION_INDEX, LWS_GROUP_INDEX, PODGROUP_LABEL
 from slinky.bridge.labels import EXTERNAL_NODE, SLURM_JOBID, SLURM_NODE, SLURMJOB_PREFIX
 from slinky.bridge.nodes.registration import registered_for
@@ -173,7 +174,7 @@ async def wait_all_bound(
         if len(pods) == n and len(on) == n:
             return pods
         for p in on:  # a bound pod: the job of its group is allocated whole
-            job = await env.slurm.get_job(int(p["metadata"]["labels"][SLURM_JOBID]))
+            job = await env.slurm.get_job(job_of(p))
             assert job.is_running or job.is_finished, (p["metadata"]["name"], job.state)
             assert len(expand_hostlist(job.nodes)) == (per_job or n), job.nodes
         return None
@@ -183,12 +184,20 @@ async def wait_all_bound(
     )
 
 
+def job_of(pod: JSON) -> int:
+    """A bound pod's job: its label, or (the label follows the binding by a few ms) the
+    annotation its Binding carried."""
+    job_id = podcontrol.job_id_of(pod)
+    assert job_id is not None, pod["metadata"]
+    return job_id
+
+
 async def the_one_job(env: BridgeEnv, pods: list[JSON]) -> Job:
     """The pods' single Slurm job, checked to have one node per pod, each pod bound to the
     node Slurm gave it (recorded on the pod), no two on one node."""
-    ids = {p["metadata"]["labels"][SLURM_JOBID] for p in pods}
+    ids = {job_of(p) for p in pods}
     assert len(ids) == 1, ids
-    job = await env.slurm.get_job(int(ids.pop()))
+    job = await env.slurm.get_job(ids.pop())
     allocated = expand_hostlist(job.nodes)
     assert len(allocated) == len(pods), (job.nodes, len(pods))
     where = [p["spec"]["nodeName"] for p in pods]
@@ -547,7 +556,7 @@ async def test_a_jobset_runs_one_slurm_job_per_pod_by_default(
         return pods if len(pods) == 2 and all(p["spec"].get("nodeName") for p in pods) else None
 
     pods = await wait_for(all_bound, timeout=120, what="both JobSet pods bound")
-    ids = {p["metadata"]["labels"][SLURM_JOBID] for p in pods}
+    ids = {job_of(p) for p in pods}
     assert len(ids) == 2  # one job per pod, as upstream
     for job_id in ids:
         assert len(expand_hostlist((await env.slurm.get_job(int(job_id))).nodes)) == 1

@@ -151,7 +151,11 @@ def metric(env: BridgeEnv, name: str) -> float:
 
 
 def job_id(pod: JSON) -> int:
-    return int(pod["metadata"]["labels"][SLURM_JOBID])
+    """A pod's job: its label, or on a bound pod (the label follows the binding by a few ms)
+    the annotation its Binding carried."""
+    found = podcontrol.job_id_of(pod)
+    assert found is not None, pod["metadata"]
+    return found
 
 
 async def pod_events(env: BridgeEnv, name: str, ns: str, reason: str) -> list[str]:
@@ -170,12 +174,19 @@ async def test_a_pod_runs_where_slurm_placed_it_and_its_job_ends_when_it_exits(
     name = f"runs-{uuid.uuid4().hex[:6]}"
     await env.kube.create(rest.PODS, workload_pod(name, ["sh", "-c", "sleep 1"]), ns)
     bound = await pod_where(
-        env, name, ns, lambda p: p["spec"].get("nodeName"), "bound to a node", timeout=60
+        env,
+        name,
+        ns,
+        lambda p: p["spec"].get("nodeName") and SLURM_JOBID in p["metadata"].get("labels", {}),
+        "bound to a node and labelled",
+        timeout=60,
     )
     job = await env.slurm.get_job(job_id(bound))
-    # Bound only where Slurm allocated the job; the pod says which job and which node.
+    # Bound only where Slurm allocated the job; the pod says which job and which node (the
+    # Binding carried both; the label followed it).
     assert bound["spec"]["nodeName"] == managed_node
     assert bound["metadata"]["annotations"][SLURM_NODE] == managed_node
+    assert bound["metadata"]["annotations"][SLURM_JOBID] == str(job.job_id)
     assert job.nodes == managed_node
     assert FINALIZER in bound["metadata"]["finalizers"]
     assert job.name == f"{ns}/{name}"

@@ -14,7 +14,7 @@ import yaml
 from slinky.bridge.admission import manifests, mutate, validate
 from slinky.bridge.admission.server import review_response
 from slinky.bridge.config import parse_config
-from slinky.bridge.labels import SLURM_JOBID, SLURM_NODE, SLURMJOB_PREFIX
+from slinky.bridge.labels import SLURM_JOBID, SLURM_JOBID_ANNOTATION, SLURM_NODE, SLURMJOB_PREFIX
 
 JSON = dict[str, Any]
 REPO = Path(__file__).resolve().parents[2]
@@ -197,6 +197,28 @@ def test_job_id_and_node_cannot_change_on_a_bound_pod() -> None:
     assert len(problems) == 2
     assert f"label {SLURM_JOBID} cannot be changed" in problems[0]
     assert f"annotation {SLURM_NODE} cannot be changed" in problems[1]
+
+
+def test_the_label_may_follow_the_binding_only_with_the_job_the_binding_named() -> None:
+    """A pod Slurm allocated inside the request is bound first, the job id in the Binding's
+    annotations; the scheduler then adds the label, which must name that job."""
+    old = pod(annotations={SLURM_NODE: "n1", SLURM_JOBID_ANNOTATION: "12"}, nodeName="n1")
+    follows = pod(
+        labels={SLURM_JOBID: "12"},
+        annotations={SLURM_NODE: "n1", SLURM_JOBID_ANNOTATION: "12"},
+        nodeName="n1",
+    )
+    assert update(old, follows) == []
+    other = pod(labels={SLURM_JOBID: "13"}, annotations=dict(old["metadata"]["annotations"]))
+    assert f"label {SLURM_JOBID} cannot be changed" in update(old, other)[0]
+    moved = pod(annotations={SLURM_NODE: "n1", SLURM_JOBID_ANNOTATION: "13"}, nodeName="n1")
+    assert update(old, moved) == [
+        f"annotation {SLURM_JOBID_ANNOTATION} cannot be changed or removed once the pod is "
+        "bound to a node: it names the Slurm node and job allocated to the pod"
+    ]
+    assert f"annotation {SLURM_JOBID_ANNOTATION} is set by slurm-bridge" in " ".join(
+        create(pod(annotations={SLURM_JOBID_ANNOTATION: "12"}))
+    )
 
 
 def test_the_scheduler_may_set_job_id_and_node_before_binding() -> None:

@@ -15,7 +15,7 @@ from slinky.bridge import groups, placeholder
 from slinky.bridge.config import parse_config
 from slinky.bridge.groups import GANG, Group, GroupProblem, GroupResolver
 from slinky.bridge.jobwatch import JobWatch
-from slinky.bridge.labels import FINALIZER, SLURM_JOBID, SLURMJOB_PREFIX
+from slinky.bridge.labels import FINALIZER, SLURM_JOBID, SLURM_JOBID_ANNOTATION, SLURMJOB_PREFIX
 from slinky.bridge.scheduler import gang
 from slinky.bridge.workload.sync import BY_JOB, WorkloadSync, index_job
 from slinky.kube import rest
@@ -664,6 +664,26 @@ async def test_a_group_allocated_at_once_labels_each_pod_once_then_binds_it() ->
     kube.bound.clear()
     await sync.reconcile("ns/g-0")
     assert sync.watch.reads == reads and kube.bound == {} and len(kube.patched) == 2
+
+
+async def test_a_group_allocated_at_once_is_bound_with_its_job_id_then_labelled() -> None:
+    """The round of N label writes before the bindings is gone: each member's Binding carries
+    the job id, and its label and finalizer follow its binding."""
+    sync, slurm, kube, pods = gang_setup(2)
+    idle(sync, "n1", "n2")
+    slurm.free_node = "n[1-2]"
+    for p in group_pods(2):
+        pods.upsert(p)
+        await sync.reconcile(f"ns/{p['metadata']['name']}")
+    (job_id,) = slurm.jobs
+    assert kube.bound == {"ns/g-0": "n1", "ns/g-1": "n2"}
+    assert kube.writes[0].startswith("bind ")
+    for name in ("g-0", "g-1"):
+        assert kube.writes.index(f"bind ns/{name}") < kube.writes.index(f"label ns/{name}")
+        pod = pods.get(f"ns/{name}")
+        assert pod is not None and pod["metadata"]["labels"][SLURM_JOBID] == str(job_id)
+        assert pod["metadata"]["annotations"][SLURM_JOBID_ANNOTATION] == str(job_id)
+        assert FINALIZER in pod["metadata"]["finalizers"]
 
 
 async def test_the_pods_of_a_group_arriving_together_read_their_owner_once() -> None:

@@ -15,7 +15,14 @@ import pytest
 from slinky.bridge import placeholder, podcontrol
 from slinky.bridge.config import parse_config
 from slinky.bridge.jobwatch import JobWatch
-from slinky.bridge.labels import FINALIZER, REPLACED_JOB, SLURM_JOBID, SLURM_NODE, SLURMJOB_PREFIX
+from slinky.bridge.labels import (
+    FINALIZER,
+    REPLACED_JOB,
+    SLURM_JOBID,
+    SLURM_JOBID_ANNOTATION,
+    SLURM_NODE,
+    SLURMJOB_PREFIX,
+)
 from slinky.bridge.nodes.controller import BY_SLURM_NAME, index_slurm_name
 from slinky.bridge.scheduler import exclusion
 from slinky.bridge.scheduler.ledger import Ledger
@@ -126,6 +133,7 @@ class FakeKube:
     def __init__(self, pods: Store) -> None:
         self.pods = pods
         self.bound: dict[str, str] = {}
+        self.writes: list[str] = []  # "label ns/p", "bind ns/p", in order
 
     def _pod(self, name: str, ns: str, uid: str | None) -> JSON:
         pod = self.pods.get(f"{ns}/{name}")
@@ -144,8 +152,13 @@ class FakeKube:
             return copy.deepcopy(pod)
         pod = self._pod(name, ns, body.get("metadata", {}).get("uid"))
         meta = body.get("metadata") or {}
+        if meta.get("labels"):
+            self.writes.append(f"label {ns}/{name}")
         pod["metadata"].setdefault("labels", {}).update(meta.get("labels") or {})
         pod["metadata"].setdefault("annotations", {}).update(meta.get("annotations") or {})
+        for f in meta.get("finalizers") or []:  # strategic merge: appended once
+            if f not in pod["metadata"].setdefault("finalizers", []):
+                pod["metadata"]["finalizers"].append(f)
         return copy.deepcopy(pod)
 
     async def request(self, _method: str, _path: str, *, body: JSON) -> JSON:
@@ -154,6 +167,7 @@ class FakeKube:
         pod["spec"]["nodeName"] = body["target"]["name"]
         pod["metadata"].setdefault("annotations", {}).update(meta.get("annotations") or {})
         self.bound[f"{meta['namespace']}/{meta['name']}"] = body["target"]["name"]
+        self.writes.append(f"bind {meta['namespace']}/{meta['name']}")
         return {}
 
 
@@ -564,6 +578,74 @@ async def test_a_pod_with_a_free_node_is_allocated_inside_the_request_and_bound_
     assert slurm.allocations == 1
     assert kube.bound == {"ns/p": "n2"}  # one pass: no waiting for Slurm's next one
     assert job_label(pods.get("ns/p")) == str(job_id)
+
+
+async def test_a_pod_allocated_at_once_is_bound_first_with_its_job_id_then_labelled() -> None:
+    """One write fewer before the binding: the Binding carries the job id (the apiserver
+    copies its annotations onto the pod), and the label and finalizer follow it."""
+    sync, slurm, kube, pods = setup()
+    idle(sync, "n1", "n2")
+    slurm.free_node = "n2"
+    pods.upsert(make_pod("p", "u1"))
+    await sync.reconcile("ns/p")
+    (job_id,) = slurm.jobs
+    assert kube.writes == ["bind ns/p", "label ns/p"]
+    pod = pods.get("ns/p")
+    assert pod is not None
+    assert pod["metadata"]["annotations"][SLURM_JOBID_ANNOTATION] == str(job_id)
+    assert job_label(pod) == str(job_id) and FINALIZER in pod["metadata"]["finalizers"]
+
+
+async def test_a_pod_whose_job_waits_in_slurm_is_labelled_before_it_is_bound() -> None:
+    sync, slurm, kube, pods = setup()
+    pods.upsert(make_pod("p", "u1"))
+    await sync.reconcile("ns/p")
+    (job_id,) = slurm.jobs
+    assert kube.writes == ["label ns/p"]
+    slurm.allocate(job_id, "n2")
+    sync.watch.jobs.pop(job_id)
+    await sync.reconcile("ns/p")
+    assert kube.writes == ["label ns/p", "bind ns/p"]
+    pod = pods.get("ns/p")
+    assert pod is not None and pod["metadata"]["annotations"][SLURM_JOBID_ANNOTATION] == str(job_id)
+
+
+async def test_a_pod_allocated_at_once_that_cannot_be_bound_yet_is_labelled_first() -> None:
+    """No Kubernetes node stands for the Slurm node yet: the pod waits, labelled (the job
+    watch and the workload controller find it by the label)."""
+    sync, slurm, kube, pods = setup()
+    idle(sync, "n1", "n2")
+    slurm.free_node = "n2"
+    sync.nodes.store.delete("n2")  # type: ignore[attr-defined]
+    pods.upsert(make_pod("p", "u1"))
+    result = await sync.reconcile("ns/p")
+    (job_id,) = slurm.jobs
+    assert kube.writes == ["label ns/p"] and kube.bound == {}
+    assert job_label(pods.get("ns/p")) == str(job_id) and result.requeue_after
+
+
+async def test_a_bound_pod_whose_label_could_not_be_written_keeps_its_job() -> None:
+    """The label after the binding fails (the apiserver went): the pass does not fail, the
+    pod's job id is on the pod through the Binding, and nothing cancels the job."""
+    sync, slurm, kube, pods = setup()
+    idle(sync, "n1", "n2")
+    slurm.free_node = "n2"
+    pods.upsert(make_pod("p", "u1"))
+    real_patch = kube.patch
+
+    async def refuse_labels(res: Any, name: str, body: Any, ns: str, **kw: Any) -> JSON:
+        if (body.get("metadata") or {}).get("labels"):
+            raise rest.ApiError(500, "InternalError", "etcd")
+        return await real_patch(res, name, body, ns, **kw)
+
+    kube.patch = refuse_labels  # type: ignore[method-assign]
+    await sync.reconcile("ns/p")
+    (job_id,) = slurm.jobs
+    pod = pods.get("ns/p")
+    assert pod is not None and kube.bound == {"ns/p": "n2"} and job_label(pod) is None
+    assert podcontrol.job_id_of(pod) == job_id
+    await sync.reconcile("ns/p")  # its binding's event
+    assert live(slurm) == [job_id]
 
 
 async def test_a_pass_after_the_binding_that_the_informer_does_not_show_yet_does_nothing() -> None:

@@ -14,8 +14,9 @@ import pytest
 
 from slinky.bridge import placeholder
 from slinky.bridge.jobwatch import FIRST_READ_S, JobWatch, RecentReads
-from slinky.bridge.labels import FINALIZER, SLURM_JOBID
+from slinky.bridge.labels import FINALIZER, SLURM_JOBID, SLURM_JOBID_ANNOTATION
 from slinky.bridge.workload.sync import (
+    ADOPT_AFTER_S,
     BY_JOB,
     ORPHANS_KEY,
     REVIVED_PREFIX,
@@ -25,6 +26,7 @@ from slinky.bridge.workload.sync import (
     unconfirmed,
 )
 from slinky.kube import rest
+from slinky.kube.controller import DONE
 from slinky.kube.store import Store
 from slinky.slurm import errors
 from slinky.slurm.models import Job
@@ -439,3 +441,51 @@ def test_a_job_slurm_no_longer_knows_is_not_lent_as_it_was() -> None:
     assert recent.get(7) is not None
     recent.put(7, None)
     assert recent.get(7) is None
+
+
+def bound_by_annotation_only(pods: Store) -> None:
+    """`ns/p` as bound by a scheduler whose label and finalizer after the binding were never
+    written: the job id only in the annotation its Binding carried."""
+    pod = pods.get("ns/p")
+    assert pod is not None
+    pod["metadata"]["labels"].pop(SLURM_JOBID)
+    pod["metadata"]["finalizers"] = []
+    pod["metadata"]["annotations"] = {SLURM_JOBID_ANNOTATION: "7"}
+    pods.upsert(pod)
+
+
+async def test_a_pod_bound_without_its_label_gets_it_and_the_finalizer_after_a_while(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sync, slurm, kube, pods, _changed = setup()
+    bound_by_annotation_only(pods)
+    first = await sync.reconcile("ns/p")
+    # The scheduler labels such a pod just after binding it: not written twice at once.
+    assert first.requeue_after == ADOPT_AFTER_S and kube.writes == []
+    now = time.monotonic()
+    monkeypatch.setattr(time, "monotonic", lambda: now + ADOPT_AFTER_S)
+    assert await sync.reconcile("ns/p") == DONE
+    pod = pods.get("ns/p")
+    assert pod is not None and pod["metadata"]["labels"][SLURM_JOBID] == "7"
+    assert pod["metadata"]["finalizers"] == [FINALIZER] and slurm.cancelled == []
+    assert sync.unlabelled_since == {}
+
+
+async def test_a_pod_bound_without_its_label_that_ended_has_its_job_cancelled() -> None:
+    """No finalizer and no label: not a pod settled earlier, whose job was cancelled before
+    the finalizer went; its job is cancelled now."""
+    sync, slurm, _kube, pods, _changed = setup(phase="Succeeded")
+    bound_by_annotation_only(pods)
+    await sync.reconcile("ns/p")
+    assert slurm.cancelled == [7]
+
+
+async def test_a_job_id_annotation_on_a_pod_not_bound_names_no_job() -> None:
+    sync, slurm, kube, pods, _changed = setup()
+    bound_by_annotation_only(pods)
+    pod = pods.get("ns/p")
+    assert pod is not None
+    pod["spec"].pop("nodeName")
+    pods.upsert(pod)
+    assert await sync.reconcile("ns/p") == DONE
+    assert kube.writes == [] and slurm.reads == [] and slurm.cancelled == []

@@ -14,6 +14,10 @@ MANAGED_NODE_TAINT = "slinky.slurm.net/managed-node"
 
 # Pod label set by the scheduler: the placeholder job's id.
 SLURM_JOBID = "scheduler.slinky.slurm.net/slurm-jobid"
+# Pod annotation under the same key, carried by the scheduler's Binding: the job id is on
+# the pod from the moment it is bound. A pod whose job Slurm allocated inside the request
+# is bound first and labelled just after (one write fewer before the bind).
+SLURM_JOBID_ANNOTATION = SLURM_JOBID
 # Pod annotation set by the scheduler: the Slurm node the placeholder job was allocated.
 SLURM_NODE = "slinky.slurm.net/slurm-node"
 # Pod (or pod group) annotations describing the placeholder job.

@@ -4,9 +4,14 @@ again under the same name is never changed on behalf of the old one."""
 
 from __future__ import annotations
 
-from slinky.bridge.labels import FINALIZER, SLURM_JOBID, SLURM_NODE
+import logging
+
+from slinky.bridge.labels import FINALIZER, SLURM_JOBID, SLURM_JOBID_ANNOTATION, SLURM_NODE
 from slinky.kube import conditions, rest
+from slinky.transport import TransportError
 from slinky.types import JSON
+
+log = logging.getLogger(__name__)
 
 POD_SCHEDULED = "PodScheduled"
 TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -18,9 +23,18 @@ def name_ns_uid(pod: JSON) -> tuple[str, str, str]:
 
 
 def job_id_of(pod: JSON) -> int | None:
-    """The placeholder job id in the pod's label; None when absent or not a number."""
-    text = ((pod.get("metadata") or {}).get("labels") or {}).get(SLURM_JOBID)
+    """The placeholder job id in the pod's label, else, on a bound pod, in the annotation its
+    Binding carried (the label follows it); None when absent or not a number."""
+    meta = pod.get("metadata") or {}
+    text = (meta.get("labels") or {}).get(SLURM_JOBID)
+    if text is None and node_of(pod):
+        text = (meta.get("annotations") or {}).get(SLURM_JOBID_ANNOTATION)
     return int(text) if text is not None and str(text).isdigit() else None
+
+
+def is_labelled(pod: JSON) -> bool:
+    """The pod carries the job-id label (not only the Binding's annotation)."""
+    return SLURM_JOBID in ((pod.get("metadata") or {}).get("labels") or {})
 
 
 def is_terminal(pod: JSON) -> bool:
@@ -118,9 +132,21 @@ async def mark_submitted(kube: rest.Kube, pod: JSON, job_id: int) -> JSON:
     )
 
 
-async def bind(kube: rest.Kube, pod: JSON, node: str, slurm_node: str) -> None:
+async def label_bound(kube: rest.Kube, pod: JSON, job_id: int) -> None:
+    """The job-id label and the finalizer, on a pod bound with the job id in its Binding
+    (`mark_submitted`). Not written (the apiserver failed): the workload controller writes
+    them when it finds them missing; a pod gone meanwhile needs neither."""
+    name, ns, _ = name_ns_uid(pod)
+    try:
+        await mark_submitted(kube, pod, job_id)
+    except (rest.ApiError, TransportError) as e:
+        if not (isinstance(e, rest.ApiError) and e.not_found):
+            log.warning("pod %s/%s: bound, but its job-id label not written (%s)", ns, name, e)
+
+
+async def bind(kube: rest.Kube, pod: JSON, node: str, slurm_node: str, job_id: int) -> None:
     """Bind the pod to `node`; the Binding's annotations are copied onto the pod by the
-    apiserver, so the Slurm node annotation costs no request of its own."""
+    apiserver, so the Slurm node and job id annotations cost no request of their own."""
     name, ns, uid = name_ns_uid(pod)
     await kube.request(
         "POST",
@@ -132,7 +158,7 @@ async def bind(kube: rest.Kube, pod: JSON, node: str, slurm_node: str) -> None:
                 "name": name,
                 "namespace": ns,
                 "uid": uid,
-                "annotations": {SLURM_NODE: slurm_node},
+                "annotations": {SLURM_NODE: slurm_node, SLURM_JOBID_ANNOTATION: str(job_id)},
             },
             "target": {"apiVersion": "v1", "kind": "Node", "name": node},
         },

@@ -29,7 +29,7 @@ import sys
 import time
 
 from slinky.bridge import podcontrol
-from slinky.bridge.labels import FINALIZER, MANAGED_NODE_TAINT, SLURM_JOBID
+from slinky.bridge.labels import FINALIZER, MANAGED_NODE_TAINT
 from slinky.kube import flags, rest
 from slinky.types import JSON
 
@@ -111,7 +111,7 @@ def unsettled(pod: JSON, scheduler_name: str) -> bool:
 
 def with_job(pod: JSON) -> str:
     meta = pod["metadata"]
-    job = (meta.get("labels") or {}).get(SLURM_JOBID, "?")
+    job = podcontrol.job_id_of(pod) or "?"
     return f"{meta['namespace']}/{meta['name']} (job {job})"
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slinky.bridge import policy
-from slinky.bridge.labels import SLURM_JOBID, SLURM_NODE, SLURMJOB_PREFIX
+from slinky.bridge.labels import SLURM_JOBID, SLURM_JOBID_ANNOTATION, SLURM_NODE, SLURMJOB_PREFIX
 from slinky.types import JSON
 
 # The `slurmjob.slinky.slurm.net/` annotations (upstream's keys) and what each must hold:
@@ -108,20 +108,26 @@ def _preset_label(req: Request) -> Iterator[dict[str, Any]]:
 
 
 def _preset_annotation(req: Request) -> Iterator[dict[str, Any]]:
-    if SLURM_NODE in req.annotations():
-        yield {}
+    for key in sorted({SLURM_NODE, SLURM_JOBID_ANNOTATION} & set(req.annotations())):
+        yield {"key": key}
 
 
 def _label_changed(req: Request) -> Iterator[dict[str, Any]]:
-    if req.old_is_bound and req.labels().get(SLURM_JOBID) != req.labels(req.old).get(SLURM_JOBID):
+    if not req.old_is_bound:
+        return
+    before, after = req.labels(req.old).get(SLURM_JOBID), req.labels().get(SLURM_JOBID)
+    if before is None and after == req.annotations(req.old).get(SLURM_JOBID_ANNOTATION):
+        return  # the label that follows the Binding, naming the job the Binding named
+    if after != before:
         yield {}
 
 
 def _annotation_changed(req: Request) -> Iterator[dict[str, Any]]:
-    if req.old_is_bound and req.annotations().get(SLURM_NODE) != req.annotations(req.old).get(
-        SLURM_NODE
-    ):
-        yield {}
+    if not req.old_is_bound:
+        return
+    for key in (SLURM_NODE, SLURM_JOBID_ANNOTATION):
+        if req.annotations().get(key) != req.annotations(req.old).get(key):
+            yield {"key": key}
 
 
 def _unknown_key(req: Request) -> Iterator[dict[str, Any]]:
@@ -209,7 +215,7 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "slurm-node-annotation-preset",
         CREATE,
-        f"annotation {SLURM_NODE} is set by slurm-bridge when Slurm allocates the pod's job; "
+        "annotation {key} is set by slurm-bridge when Slurm allocates the pod's job; "
         "remove it from the pod",
         _preset_annotation,
     ),
@@ -223,8 +229,8 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "slurm-node-annotation-changed",
         UPDATE,
-        f"annotation {SLURM_NODE} cannot be changed or removed once the pod is bound to a node: "
-        "it names the Slurm node allocated to the pod",
+        "annotation {key} cannot be changed or removed once the pod is bound to a node: "
+        "it names the Slurm node and job allocated to the pod",
         _annotation_changed,
     ),
     Rule(

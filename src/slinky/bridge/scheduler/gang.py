@@ -221,6 +221,10 @@ class GangScheduler:
             group.size,
             partition,
         )
+        if job_id in sync.watch.jobs:
+            # Allocated at once (and read): the members are bound first, the job id in each
+            # Binding, and labelled just after (a round of N writes fewer before the binds).
+            return await self.place(pod, group, job_id, label_after=True)
         # Every member at once: one round trip, not one per pod. The answers are the pods
         # as labelled, which the informer may not show yet: `place` binds from them rather
         # than labelling each pod again.
@@ -231,15 +235,24 @@ class GangScheduler:
         return await self.place(fresh.get(placeholder.pod_key(pod), pod), group, job_id, fresh)
 
     async def place(
-        self, pod: JSON, group: Group, job_id: int, fresh: dict[str, JSON] | None = None
+        self,
+        pod: JSON,
+        group: Group,
+        job_id: int,
+        fresh: dict[str, JSON] | None = None,
+        *,
+        label_after: bool = False,
     ) -> Result:
-        """`fresh`: pods this pass labelled, as the apiserver answered."""
+        """`fresh`: pods this pass labelled, as the apiserver answered. `label_after`: the
+        members have no job-id label yet; each gets it once bound, or every one before any
+        other outcome of this pass than its job's loss or abandonment."""
         sync = self.sync
         key = placeholder.pod_key(pod)
-        if podcontrol.job_id_of(pod) is None:
-            pod = await podcontrol.mark_submitted(sync.kube, pod, job_id)
-        else:
-            self.labelled(pod)
+        if not label_after:
+            if podcontrol.job_id_of(pod) is None:
+                pod = await podcontrol.mark_submitted(sync.kube, pod, job_id)
+            else:
+                self.labelled(pod)
         sync.ledger.wait(key, job_id)
         sync.unseen.discard(key)
         sync.watch.track(job_id)
@@ -250,13 +263,26 @@ class GangScheduler:
             # Before anything is read from the job: its id names another job (given again
             # after a slurmctld restart), whose nodes and pods are not this group's.
             return await self.lost(pod, group, job_id, "it is not the group's placeholder job")
-        if job.is_finished:
-            return DONE  # the workload controller ends the pods with their job
         comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
         assert comment is not None  # job_is_for read it
         ours = self.pods_of(comment, job_id, {key: pod, **(fresh or {})})
+
+        async def labelled_first() -> None:
+            if label_after:
+                await asyncio.gather(
+                    *(
+                        podcontrol.mark_submitted(sync.kube, p, job_id)
+                        for p in ours.values()
+                        if p is not None and sync.schedulable(p) and not podcontrol.is_labelled(p)
+                    )
+                )
+
+        if job.is_finished:
+            await labelled_first()
+            return DONE  # the workload controller ends the pods with their job
         allocated = expand_hostlist(job.nodes) if job.is_running else []
         if not allocated:
+            await labelled_first()
             state = "/".join(job.state) or "PENDING"
             why = f" ({job.state_reason})" if job.state_reason not in ("", "None") else ""
             message = f"Slurm job {job_id} for {len(comment.pods)} pods is {state}{why}"
@@ -266,6 +292,7 @@ class GangScheduler:
             return DONE  # the job watch brings the pod back when the job changes
         if len(allocated) < len(comment.pods):
             log.warning("job %d: %d nodes for %d pods", job_id, len(allocated), len(comment.pods))
+            await labelled_first()
             return DONE
         found = {s: sync.kube_node(s) for s in allocated}
         nodes = {s: str(n["metadata"]["name"]) for s, n in found.items() if n is not None}
@@ -276,6 +303,7 @@ class GangScheduler:
                 "Kubernetes node stands for; no pod of the group is bound until every one does"
             )
             sync.recorder.event(pod, events.WARNING, "NodeNotFound", message, action="Bind")
+            await labelled_first()
             return Result(requeue_after=5.0)
         gone = [k for k, p in ours.items() if not stays(p)]
         if gone and not started(ours):
@@ -292,6 +320,7 @@ class GangScheduler:
             node_obj = found[slurm_node]
             if node_obj is not None and (leaving := sync.leaving_blocks(p, node_obj)):
                 # All or nothing: no member is bound while one waits for its node.
+                await labelled_first()
                 return await sync.wait_for_release(pod, job_id, nodes[slurm_node], leaving)
         binds = [self.bind(p, job_id, s, nodes[s]) for p, s in to_bind]
         # All members in flight together (each binding is its own request); a failure is
@@ -362,15 +391,17 @@ class GangScheduler:
         return out
 
     async def bind(self, pod: JSON, job_id: int, slurm_node: str, node: str) -> bool:
+        """Bind one member, the job id in its Binding; one not labelled yet is labelled just
+        after (`podcontrol.label_bound`)."""
         sync = self.sync
-        if podcontrol.job_id_of(pod) is None:
-            await podcontrol.mark_submitted(sync.kube, pod, job_id)
         try:
-            await podcontrol.bind(sync.kube, pod, node, slurm_node)
+            await podcontrol.bind(sync.kube, pod, node, slurm_node, job_id)
         except rest.ApiError as e:
             if e.not_found or e.conflict:
                 return False
             raise
+        if not podcontrol.is_labelled(pod):
+            await podcontrol.label_bound(sync.kube, pod, job_id)
         self.labelled(pod)
         sync.just_bound[placeholder.pod_key(pod)] = placeholder.pod_uid(pod)
         age = pod_age(pod)

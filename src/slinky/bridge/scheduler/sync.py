@@ -452,16 +452,16 @@ class SchedulerSync:
         if age is not None:
             SUBMIT_LATENCY.observe(age)
         log.info("pod %s: submitted placeholder job %d (%s)", key, job_id, desc["partition"])
-        # The label must be on the pod before it is bound (a restart finds the job by it);
-        # the job's first read need not wait for it: one round trip instead of two. A job
-        # allocated at once was read already.
+        # A job allocated at once was read already: its pod is bound first, the job id in the
+        # Binding, and labelled just after (a restart in between finds the job by that
+        # annotation, or by its admin_comment). A submitted job's pod waits: it is labelled
+        # now, beside the job's first read (one round trip instead of two).
         if job_id in self.watch.jobs:
-            await podcontrol.mark_submitted(self.kube, pod, job_id)
-        else:
-            self.watch.track(job_id, fresh=True)
-            await asyncio.gather(
-                podcontrol.mark_submitted(self.kube, pod, job_id), self.first_read(job_id)
-            )
+            return await self.place(pod, job_id, label_after=True)
+        self.watch.track(job_id, fresh=True)
+        await asyncio.gather(
+            podcontrol.mark_submitted(self.kube, pod, job_id), self.first_read(job_id)
+        )
         return await self.place(pod, job_id)
 
     async def cannot_ask(self, pod: JSON, e: errors.SlurmError) -> None:
@@ -709,8 +709,15 @@ class SchedulerSync:
         )
         return nodes[0] if nodes else None
 
-    async def place(self, pod: JSON, job_id: int) -> Result:
+    async def place(self, pod: JSON, job_id: int, *, label_after: bool = False) -> Result:
+        """`label_after`: the pod has no job-id label yet; it gets it once bound, or before
+        any other outcome of this pass."""
         key = placeholder.pod_key(pod)
+
+        async def labelled_first() -> None:
+            if label_after:
+                await podcontrol.mark_submitted(self.kube, pod, job_id)
+
         self.ledger.wait(key, job_id)
         self.unseen.discard(key)
         self.watch.track(job_id)
@@ -724,11 +731,13 @@ class SchedulerSync:
             # wrote), so the pod's own is lost. Never bound there, never cancelled by us.
             return await self.job_lost(pod, job_id, "it is not the pod's placeholder job")
         if job.is_finished:
+            await labelled_first()
             return DONE  # the workload controller ends the pod with its job
         allocated = expand_hostlist(job.nodes) if job.is_running else []
         if job.is_pending:
             await self.follow_nodes(pod, job)
         if not allocated:
+            await labelled_first()
             state = "/".join(job.state) or "PENDING"
             why = (
                 f" ({job.state_reason})" if job.state_reason and job.state_reason != "None" else ""
@@ -745,6 +754,7 @@ class SchedulerSync:
             return await self.replace(pod, job_id, slurm_node)
         node = None if node_obj is None else str(node_obj["metadata"]["name"])
         if node is None:
+            await labelled_first()
             message = (
                 f"Slurm job {job_id} was allocated Slurm node {slurm_node}, which no "
                 "Kubernetes node stands for"
@@ -752,9 +762,10 @@ class SchedulerSync:
             self.recorder.event(pod, events.WARNING, "NodeNotFound", message, action="Bind")
             return Result(requeue_after=NO_NODE_RECHECK_S)
         if node_obj is not None and (leaving := self.leaving_blocks(pod, node_obj)):
+            await labelled_first()
             return await self.wait_for_release(pod, job_id, node, leaving)
         try:
-            await podcontrol.bind(self.kube, pod, node, slurm_node)
+            await podcontrol.bind(self.kube, pod, node, slurm_node, job_id)
         except rest.ApiError as e:
             if e.not_found or e.conflict:
                 return DONE  # deleted, or bound already (by an earlier pass)
@@ -773,6 +784,8 @@ class SchedulerSync:
         )
         self.forget(key)
         self.just_bound[key] = placeholder.pod_uid(pod)
+        if label_after:
+            await podcontrol.label_bound(self.kube, pod, job_id)
         return DONE
 
     def leaving_blocks(self, pod: JSON, node_obj: JSON) -> str | None:

@@ -73,6 +73,9 @@ ORPHAN_SWEEP_S = 60.0
 # How old an allocation never marked as ours must be before it is taken for abandoned: the
 # scheduler marks its own within milliseconds of the allocation.
 UNCONFIRMED_GRACE_S = 60.0
+# A pod bound with its job id in the Binding only is labelled by the scheduler just after;
+# one still unlabelled this long after the workload controller first saw it is labelled here.
+ADOPT_AFTER_S = 3.0
 
 
 def index_job(pod: JSON) -> list[str]:
@@ -134,6 +137,8 @@ class WorkloadSync:
         self.enqueue: Callable[[str], None] = lambda _key: None  # set by the controller
         # When the slurmctld the last sweep read the job list from started (`diag`).
         self.slurmctld_started: int | None = None
+        # Pod key -> when it was first seen bound without its job-id label (`adopt`).
+        self.unlabelled_since: dict[str, float] = {}
 
     async def reconcile(self, key: str) -> Result:
         if key.startswith(REVIVED_PREFIX):
@@ -145,6 +150,7 @@ class WorkloadSync:
             return await self.abandoned_allocation(int(key.removeprefix(UNCONFIRMED_PREFIX)))
         pod = self.pods.store.get(key)
         if pod is None:
+            self.unlabelled_since.pop(key, None)
             return await self.pod_gone(key)
         job_id = podcontrol.job_id_of(pod)
         if job_id is None:
@@ -154,15 +160,41 @@ class WorkloadSync:
         if podcontrol.has_ended(pod) or (
             podcontrol.is_deleting(pod) and not podcontrol.node_of(pod)
         ):
-            if not podcontrol.has_finalizer(pod):
+            self.unlabelled_since.pop(key, None)
+            if not podcontrol.has_finalizer(pod) and podcontrol.is_labelled(pod):
                 # Settled: its job was cancelled before the finalizer went. A finished pod
                 # left in place (Job pods, `kubectl run --restart=Never`) costs nothing.
+                # (One with the Binding's job id only was never labelled: its job is
+                # cancelled all the same.)
                 self.watch.untrack(job_id)
                 return DONE
             return await self.pod_finished(pod, job_id)
         if podcontrol.is_deleting(pod):
             return DONE  # still running: the kubelet reports it terminal, which brings it back
-        return await self.job_ended(pod, job_id)
+        waiting = await self.adopt(pod, job_id)
+        result = await self.job_ended(pod, job_id)
+        return waiting if waiting is not None and result == DONE else result
+
+    async def adopt(self, pod: JSON, job_id: int) -> Result | None:
+        """A bound pod that carries its job id only in the annotation of its Binding: the
+        scheduler labels such a pod just after binding it; one it has not labelled
+        ADOPT_AFTER_S later (the write failed, or the scheduler stopped) gets the label and
+        the finalizer here, if the job is the pod's own. The result: when to look again
+        (None: nothing to wait for)."""
+        key = placeholder.pod_key(pod)
+        if podcontrol.is_labelled(pod):
+            self.unlabelled_since.pop(key, None)
+            return None
+        now = time.monotonic()
+        waited = now - self.unlabelled_since.setdefault(key, now)
+        if waited < ADOPT_AFTER_S:
+            return Result(requeue_after=ADOPT_AFTER_S - waited)
+        job = await self.job(job_id)
+        if job is not None and self.owns(job, key, placeholder.pod_uid(pod)):
+            await podcontrol.mark_submitted(self.kube, pod, job_id)
+            log.info("pod %s: job-id label and finalizer written (job %d)", key, job_id)
+        self.unlabelled_since.pop(key, None)
+        return None
 
     async def job(self, job_id: int, *, track: bool = True) -> Job | None:
         """The job as last read by the watch, else as another watch of the process read it
