@@ -326,6 +326,15 @@ class GangScheduler:
         # All members in flight together (each binding is its own request); a failure is
         # raised once every one has been answered, and the pass retried binds the rest.
         results = await asyncio.gather(*binds, return_exceptions=True)
+        # Then the labels of the members bound without one (`label_after`): after every
+        # binding, not beside them (they would compete with the last ones).
+        await asyncio.gather(
+            *(
+                podcontrol.label_bound(sync.kube, p, job_id)
+                for (p, _), r in zip(to_bind, results, strict=True)
+                if r is True and not podcontrol.is_labelled(p)
+            )
+        )
         for r in results:
             if isinstance(r, BaseException):
                 raise r
@@ -391,8 +400,8 @@ class GangScheduler:
         return out
 
     async def bind(self, pod: JSON, job_id: int, slurm_node: str, node: str) -> bool:
-        """Bind one member, the job id in its Binding; one not labelled yet is labelled just
-        after (`podcontrol.label_bound`)."""
+        """Bind one member, the job id in its Binding (`place` labels one not labelled yet
+        once every member is bound)."""
         sync = self.sync
         try:
             await podcontrol.bind(sync.kube, pod, node, slurm_node, job_id)
@@ -400,8 +409,6 @@ class GangScheduler:
             if e.not_found or e.conflict:
                 return False
             raise
-        if not podcontrol.is_labelled(pod):
-            await podcontrol.label_bound(sync.kube, pod, job_id)
         self.labelled(pod)
         sync.just_bound[placeholder.pod_key(pod)] = placeholder.pod_uid(pod)
         age = pod_age(pod)
