@@ -14,7 +14,13 @@ import yaml
 from slinky.bridge.admission import manifests, mutate, validate
 from slinky.bridge.admission.server import review_response
 from slinky.bridge.config import parse_config
-from slinky.bridge.labels import SLURM_JOBID, SLURM_JOBID_ANNOTATION, SLURM_NODE, SLURMJOB_PREFIX
+from slinky.bridge.labels import (
+    FINALIZER,
+    SLURM_JOBID,
+    SLURM_JOBID_ANNOTATION,
+    SLURM_NODE,
+    SLURMJOB_PREFIX,
+)
 
 JSON = dict[str, Any]
 REPO = Path(__file__).resolve().parents[2]
@@ -208,7 +214,10 @@ def test_the_label_may_follow_the_binding_only_with_the_job_the_binding_named() 
         annotations={SLURM_NODE: "n1", SLURM_JOBID_ANNOTATION: "12"},
         nodeName="n1",
     )
+    follows["metadata"]["finalizers"] = [FINALIZER]  # label and finalizer in one write
     assert update(old, follows) == []
+    follows["metadata"]["finalizers"] = []
+    assert f"label {SLURM_JOBID} cannot be changed" in update(old, follows)[0]  # alone
     other = pod(labels={SLURM_JOBID: "13"}, annotations=dict(old["metadata"]["annotations"]))
     assert f"label {SLURM_JOBID} cannot be changed" in update(old, other)[0]
     moved = pod(annotations={SLURM_NODE: "n1", SLURM_JOBID_ANNOTATION: "13"}, nodeName="n1")

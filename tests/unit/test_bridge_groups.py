@@ -5,6 +5,7 @@ fakes of the apiserver and slurmrestd."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 from types import SimpleNamespace
 from typing import Any
@@ -684,6 +685,32 @@ async def test_a_group_allocated_at_once_is_bound_with_its_job_id_then_labelled(
         assert pod is not None and pod["metadata"]["labels"][SLURM_JOBID] == str(job_id)
         assert pod["metadata"]["annotations"][SLURM_JOBID_ANNOTATION] == str(job_id)
         assert FINALIZER in pod["metadata"]["finalizers"]
+
+
+async def test_a_member_whose_binding_failed_is_looked_at_again() -> None:
+    """Allocated at once, bound before labelled: a member whose binding failed has no label
+    whose event would bring it back; the pass that failed queues it."""
+    sync, slurm, kube, pods = gang_setup(2)
+    idle(sync, "n1", "n2")
+    slurm.free_node = "n[1-2]"
+    real_request = kube.request
+
+    async def refuse_g1(method: str, path: str, *, body: JSON) -> JSON:
+        if body["metadata"]["name"] == "g-1":
+            raise rest.ApiError(500, "InternalError", "etcd")
+        return await real_request(method, path, body=body)
+
+    kube.request = refuse_g1  # type: ignore[method-assign]
+    queued: list[str] = []
+    sync.gangs.enqueue = queued.append
+    for p in group_pods(2):
+        pods.upsert(p)
+        with contextlib.suppress(rest.ApiError):
+            await sync.reconcile(f"ns/{p['metadata']['name']}")
+    assert kube.bound == {"ns/g-0": "n1"} and "ns/g-1" in queued
+    kube.request = real_request  # type: ignore[method-assign]
+    await sync.reconcile("ns/g-1")
+    assert kube.bound == {"ns/g-0": "n1", "ns/g-1": "n2"} and len(slurm.jobs) == 1
 
 
 async def test_the_pods_of_a_group_arriving_together_read_their_owner_once() -> None:

@@ -514,6 +514,22 @@ async def test_a_job_allocated_a_node_the_pod_rejects_is_replaced_never_bound_th
     assert len(slurm.jobs) == 2
 
 
+async def test_allocated_at_once_on_a_rejected_node_the_pod_keeps_its_finalizer() -> None:
+    """Allocated inside the request on a node the pod's selector rejects (the node changed
+    after the claim): the pod is labelled with its finalizer before it is replaced, so the
+    replacement job's pod, once bound and ended, still has its job cancelled."""
+    sync, slurm, kube, pods = setup()
+    sync.nodes.store.upsert({"metadata": {"name": "n1", "labels": {"pool": "a"}}, "spec": {}})
+    add_node(sync, "n2", {"pool": "b"})
+    idle(sync, "n1", "n2")
+    slurm.free_node = "n2"  # Slurm takes the one the exclusion had not caught up with
+    pods.upsert(selective_pod())
+    await sync.reconcile("ns/p")
+    assert kube.bound == {} and len(slurm.jobs) == 2
+    pod = pods.get("ns/p")
+    assert pod is not None and FINALIZER in pod["metadata"]["finalizers"]
+
+
 async def test_a_replacement_submitted_before_a_crash_is_found_not_made_again() -> None:
     sync, slurm, kube, pods = setup()
     for n in ("n1", "n2"):
@@ -646,6 +662,16 @@ async def test_a_bound_pod_whose_label_could_not_be_written_keeps_its_job() -> N
     assert podcontrol.job_id_of(pod) == job_id
     await sync.reconcile("ns/p")  # its binding's event
     assert live(slurm) == [job_id]
+
+
+def test_a_bound_pods_job_is_the_one_its_binding_named_whatever_label_was_written_before() -> None:
+    pod = make_pod("p", "u1")
+    pod["metadata"]["labels"][SLURM_JOBID] = "13"  # anyone may label a pod not yet bound
+    assert podcontrol.job_id_of(pod) == 13 and podcontrol.is_labelled(pod)
+    pod["spec"]["nodeName"] = "n1"
+    pod["metadata"]["annotations"] = {SLURM_JOBID_ANNOTATION: "12"}
+    assert podcontrol.job_id_of(pod) == 12
+    assert not podcontrol.is_labelled(pod)  # the label names another job
 
 
 async def test_a_pass_after_the_binding_that_the_informer_does_not_show_yet_does_nothing() -> None:

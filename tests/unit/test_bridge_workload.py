@@ -489,3 +489,22 @@ async def test_a_job_id_annotation_on_a_pod_not_bound_names_no_job() -> None:
     pods.upsert(pod)
     assert await sync.reconcile("ns/p") == DONE
     assert kube.writes == [] and slurm.reads == [] and slurm.cancelled == []
+
+
+async def test_a_failed_adoption_does_not_keep_a_pod_whose_job_ended_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sync, slurm, kube, pods, _changed = setup()
+    bound_by_annotation_only(pods)
+    await sync.reconcile("ns/p")
+    now = time.monotonic()
+    monkeypatch.setattr(time, "monotonic", lambda: now + ADOPT_AFTER_S)
+
+    async def refuse(*_a: Any, **_k: Any) -> JSON:
+        raise rest.ApiError(500, "InternalError", "webhook down")
+
+    kube.patch = refuse  # type: ignore[method-assign]
+    slurm.jobs[7]["job_state"] = ["CANCELLED"]  # scancel
+    sync.watch.jobs.pop(7, None)
+    await sync.reconcile("ns/p")
+    assert kube.deleted == ["ns/p"]  # the job's end still deletes the pod

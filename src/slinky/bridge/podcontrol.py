@@ -23,18 +23,25 @@ def name_ns_uid(pod: JSON) -> tuple[str, str, str]:
 
 
 def job_id_of(pod: JSON) -> int | None:
-    """The placeholder job id in the pod's label, else, on a bound pod, in the annotation its
-    Binding carried (the label follows it); None when absent or not a number."""
+    """The placeholder job id: on a bound pod, the annotation its Binding carried (it cannot
+    change once bound; a label anyone may have written before the binding can differ), else
+    the label; None when absent or not a number."""
     meta = pod.get("metadata") or {}
-    text = (meta.get("labels") or {}).get(SLURM_JOBID)
-    if text is None and node_of(pod):
-        text = (meta.get("annotations") or {}).get(SLURM_JOBID_ANNOTATION)
+    text = (meta.get("annotations") or {}).get(SLURM_JOBID_ANNOTATION) if node_of(pod) else None
+    if text is None:
+        text = (meta.get("labels") or {}).get(SLURM_JOBID)
     return int(text) if text is not None and str(text).isdigit() else None
 
 
 def is_labelled(pod: JSON) -> bool:
-    """The pod carries the job-id label (not only the Binding's annotation)."""
-    return SLURM_JOBID in ((pod.get("metadata") or {}).get("labels") or {})
+    """The pod carries the job-id label naming its job (on a bound pod, the job its Binding
+    named, when the Binding named one), not only the Binding's annotation."""
+    meta = pod.get("metadata") or {}
+    label = (meta.get("labels") or {}).get(SLURM_JOBID)
+    if label is None:
+        return False
+    bound = (meta.get("annotations") or {}).get(SLURM_JOBID_ANNOTATION) if node_of(pod) else None
+    return bound is None or bound == label
 
 
 def is_terminal(pod: JSON) -> bool:

@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from slinky.bridge import policy
-from slinky.bridge.labels import SLURM_JOBID, SLURM_JOBID_ANNOTATION, SLURM_NODE, SLURMJOB_PREFIX
+from slinky.bridge.labels import (
+    FINALIZER,
+    SLURM_JOBID,
+    SLURM_JOBID_ANNOTATION,
+    SLURM_NODE,
+    SLURMJOB_PREFIX,
+)
 from slinky.types import JSON
 
 # The `slurmjob.slinky.slurm.net/` annotations (upstream's keys) and what each must hold:
@@ -116,8 +122,14 @@ def _label_changed(req: Request) -> Iterator[dict[str, Any]]:
     if not req.old_is_bound:
         return
     before, after = req.labels(req.old).get(SLURM_JOBID), req.labels().get(SLURM_JOBID)
-    if before is None and after == req.annotations(req.old).get(SLURM_JOBID_ANNOTATION):
-        return  # the label that follows the Binding, naming the job the Binding named
+    if (
+        before is None
+        and after == req.annotations(req.old).get(SLURM_JOBID_ANNOTATION)
+        and FINALIZER in (req.pod.get("metadata", {}).get("finalizers") or [])
+    ):
+        # The label that follows the Binding, naming the job the Binding named, with the
+        # finalizer (a label alone would read as a pod whose job was cancelled already).
+        return
     if after != before:
         yield {}
 

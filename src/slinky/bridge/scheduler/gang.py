@@ -335,6 +335,11 @@ class GangScheduler:
                 if r is True and not podcontrol.is_labelled(p)
             )
         )
+        failed = [p for (p, _), r in zip(to_bind, results, strict=True) if isinstance(r, Exception)]
+        for p in failed:
+            # Raised below for the pod of this pass, retried with backoff; a member without
+            # its label would have nothing else to bring it back.
+            self.enqueue(placeholder.pod_key(p))
         for r in results:
             if isinstance(r, BaseException):
                 raise r

@@ -751,6 +751,7 @@ class SchedulerSync:
         if node_obj is not None and not exclusion.allows(
             pod, node_obj, scheduler_name=self.config.scheduler_name
         ):
+            await labelled_first()  # the replacement relabels, the finalizer stays
             return await self.replace(pod, job_id, slurm_node)
         node = None if node_obj is None else str(node_obj["metadata"]["name"])
         if node is None:

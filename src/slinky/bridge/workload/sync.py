@@ -57,6 +57,7 @@ from slinky.kube.controller import DONE, Result
 from slinky.kube.informer import Informer
 from slinky.slurm import errors
 from slinky.slurm.models import Job, number
+from slinky.transport import TransportError
 from slinky.types import JSON
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ UNCONFIRMED_GRACE_S = 60.0
 # A pod bound with its job id in the Binding only is labelled by the scheduler just after;
 # one still unlabelled this long after the workload controller first saw it is labelled here.
 ADOPT_AFTER_S = 3.0
+ADOPT_RETRY_S = 30.0
 
 
 def index_job(pod: JSON) -> list[str]:
@@ -182,7 +184,7 @@ class WorkloadSync:
         the finalizer here, if the job is the pod's own. The result: when to look again
         (None: nothing to wait for)."""
         key = placeholder.pod_key(pod)
-        if podcontrol.is_labelled(pod):
+        if podcontrol.is_labelled(pod) and podcontrol.has_finalizer(pod):
             self.unlabelled_since.pop(key, None)
             return None
         now = time.monotonic()
@@ -191,7 +193,12 @@ class WorkloadSync:
             return Result(requeue_after=ADOPT_AFTER_S - waited)
         job = await self.job(job_id)
         if job is not None and self.owns(job, key, placeholder.pod_uid(pod)):
-            await podcontrol.mark_submitted(self.kube, pod, job_id)
+            try:
+                await podcontrol.mark_submitted(self.kube, pod, job_id)
+            except (rest.ApiError, TransportError) as e:
+                # Not this pass's only step (`job_ended` follows): tried again later.
+                log.warning("pod %s: job-id label and finalizer not written (%s)", key, e)
+                return Result(requeue_after=ADOPT_RETRY_S)
             log.info("pod %s: job-id label and finalizer written (job %d)", key, job_id)
         self.unlabelled_since.pop(key, None)
         return None
