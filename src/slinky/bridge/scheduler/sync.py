@@ -5,8 +5,9 @@
 1. `submit`  — a pending pod of ours with no job gets one placeholder job (see
                `placeholder`): described, allocated inside the request when a node looks
                free or else submitted to wait for Slurm's pass (see `immediate`), then
-               the pod is labelled with the job id and gets the finalizer. A pod Slurm
-               refuses stays Pending with PodScheduled=False, reason `SlurmRejected` and
+               the pod is labelled with the job id and gets the finalizer (a job allocated
+               inside the request: the pod is bound first, the job id in its Binding, and
+               labelled just after, in `place`). A pod Slurm refuses stays Pending with PodScheduled=False, reason `SlurmRejected` and
                Slurm's own message, and is tried again with backoff; a pod that cannot
                be described at all gets the reason that says why and waits for a change;
    Before submitting, the pod's nodeSelector, required node affinity and tolerations are
