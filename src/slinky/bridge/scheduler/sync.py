@@ -7,9 +7,10 @@
                free or else submitted to wait for Slurm's pass (see `immediate`), then
                the pod is labelled with the job id and gets the finalizer (a job allocated
                inside the request: the pod is bound first, the job id in its Binding, and
-               labelled just after, in `place`). A pod Slurm refuses stays Pending with PodScheduled=False, reason `SlurmRejected` and
-               Slurm's own message, and is tried again with backoff; a pod that cannot
-               be described at all gets the reason that says why and waits for a change;
+               labelled just after, in `place`). A pod Slurm refuses stays Pending with
+               PodScheduled=False, reason `SlurmRejected` and Slurm's own message, and
+               is tried again with backoff; a pod that cannot be described at all gets the
+               reason that says why and waits for a change;
    Before submitting, the pod's nodeSelector, required node affinity and tolerations are
                turned into `excluded_nodes` (see `constraints`); a pod no managed node can
                take is not submitted: PodScheduled=False, `NoManagedNodeFits`, saying why;
