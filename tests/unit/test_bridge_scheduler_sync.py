@@ -585,6 +585,9 @@ def live(slurm: FakeSlurm) -> list[int]:
 
 
 async def test_a_pod_with_a_free_node_is_allocated_inside_the_request_and_bound_at_once() -> None:
+    """Bound first, with one write fewer before the binding: the Binding carries the job id
+    (the apiserver copies its annotations onto the pod), and the label and finalizer
+    follow it."""
     sync, slurm, kube, pods = setup()
     idle(sync, "n1", "n2")
     slurm.free_node = "n2"
@@ -593,18 +596,6 @@ async def test_a_pod_with_a_free_node_is_allocated_inside_the_request_and_bound_
     (job_id,) = slurm.jobs
     assert slurm.allocations == 1
     assert kube.bound == {"ns/p": "n2"}  # one pass: no waiting for Slurm's next one
-    assert job_label(pods.get("ns/p")) == str(job_id)
-
-
-async def test_a_pod_allocated_at_once_is_bound_first_with_its_job_id_then_labelled() -> None:
-    """One write fewer before the binding: the Binding carries the job id (the apiserver
-    copies its annotations onto the pod), and the label and finalizer follow it."""
-    sync, slurm, kube, pods = setup()
-    idle(sync, "n1", "n2")
-    slurm.free_node = "n2"
-    pods.upsert(make_pod("p", "u1"))
-    await sync.reconcile("ns/p")
-    (job_id,) = slurm.jobs
     assert kube.writes == ["bind ns/p", "label ns/p"]
     pod = pods.get("ns/p")
     assert pod is not None

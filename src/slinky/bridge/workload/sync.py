@@ -178,10 +178,10 @@ class WorkloadSync:
         return waiting if waiting is not None and result == DONE else result
 
     async def adopt(self, pod: JSON, job_id: int) -> Result | None:
-        """A bound pod that carries its job id only in the annotation of its Binding: the
-        scheduler labels such a pod just after binding it; one it has not labelled
-        ADOPT_AFTER_S later (the write failed, or the scheduler stopped) gets the label and
-        the finalizer here, if the job is the pod's own. The result: when to look again
+        """A bound pod without its job-id label or the finalizer (its job id in the Binding's
+        annotation): the scheduler writes both just after binding it; one still without them
+        ADOPT_AFTER_S later (the write failed, or the scheduler stopped) gets them here, if
+        the job is the pod's own. The result: when to look again
         (None: nothing to wait for)."""
         key = placeholder.pod_key(pod)
         if podcontrol.is_labelled(pod) and podcontrol.has_finalizer(pod):
