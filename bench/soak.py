@@ -38,6 +38,7 @@ from bench.soak_watch import observe_loop, observe_once
 from slinky.kube import rest
 from slinky.slurm.client import SlurmClient
 from slinky.slurm.tokens import MintedToken
+from slinky_testbed import procs
 from slinky_testbed.bed import Testbed
 
 EVENTS = rest.Resource("", "v1", "events", "Event")
@@ -138,6 +139,23 @@ async def settle(soak: Soak, invariants: InvariantWatch, work_for: float) -> lis
     return stuck + [f"work not settled: {x}" for x in left]
 
 
+def hung_stacks(bed: Testbed, stuck: list[str]) -> dict[str, list[str]]:
+    """Where the operator or the bridge hangs, when its /healthz still failed at the end:
+    its stacks, asked of the live process (CI shows the report, not the log files)."""
+    out: dict[str, list[str]] = {}
+    pids = bed.load().pids
+    for name in ("operator", "bridge"):
+        if f"{name} /healthz fails" not in stuck or name not in pids:
+            continue
+        proc = procs.Proc(*pids[name])
+        if not proc.alive():
+            out[name] = ["(the process is not running)"]
+            continue
+        said = procs.ask_stacks(proc.signal, bed.logs / f"{name}.log")
+        out[name] = said.splitlines()[-150:] or ["(nothing written within 5s of SIGQUIT)"]
+    return out
+
+
 async def soak_run(args: argparse.Namespace, bed: Testbed, echo: Callable[[str], None]) -> int:
     ports = Ports()
     out = bed.dir / "soak"
@@ -188,6 +206,7 @@ async def soak_run(args: argparse.Namespace, bed: Testbed, echo: Callable[[str],
         await chaos
         ran_s = time.time() - soak.started_at
         stuck = await settle(soak, invariants, args.settle)
+        hangs = await asyncio.to_thread(hung_stacks, bed, stuck)
         await soak_metrics.scrape_all(soak, requests)
         settle_s = time.time() - soak.started_at - ran_s
         events = await pod_events(soak)
@@ -207,6 +226,7 @@ async def soak_run(args: argparse.Namespace, bed: Testbed, echo: Callable[[str],
         invariants=invariants,
         requests=requests,
         stuck=stuck,
+        hangs=hangs,
         events=events,
     )
     (out / "report.json").write_text(json.dumps(report.to_json(), indent=2))

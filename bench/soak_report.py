@@ -70,6 +70,9 @@ class Report:
     request_storms: list[str] = field(default_factory=list)
     harness_errors: list[str] = field(default_factory=list)
     log_errors: dict[str, JSON] = field(default_factory=dict)
+    # Stacks of a process whose event loop was blocked (its own watch wrote them), or whose
+    # /healthz still failed at the end (asked with SIGUSR1 and SIGQUIT).
+    hangs: dict[str, list[str]] = field(default_factory=dict)
     requests_per_minute: JSON = field(default_factory=dict)
 
     @property
@@ -87,6 +90,8 @@ class Report:
             out.append(f"{len(self.stuck)} stuck objects or unrecovered actions")
         if self.request_storms:
             out.append(f"{len(self.request_storms)} request storms")
+        if self.hangs:
+            out.append(f"{len(self.hangs)} hung processes")
         return out
 
     def to_json(self) -> JSON:
@@ -329,6 +334,27 @@ def log_errors(path: Path) -> JSON:
     }
 
 
+LOOP_BLOCKED = "the event loop has been blocked for"
+LOG_LINE = re.compile(r"^\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d")
+
+
+def loop_stalls(path: Path, limit: int = 80) -> list[str]:
+    """The first report of a blocked event loop in one of our logs (`slinky.loopwatch`):
+    its line and the thread stacks after it, up to the next log line."""
+    if not path.exists():
+        return []
+    out: list[str] = []
+    for line in path.read_text(errors="replace").splitlines():
+        if not out:
+            if LOOP_BLOCKED in line:
+                out.append(line)
+        elif LOG_LINE.match(line) or len(out) >= limit:
+            break
+        else:
+            out.append(line)
+    return out
+
+
 def build(
     soak: Soak,
     *,
@@ -341,6 +367,7 @@ def build(
     requests: Requests,
     stuck: list[str],
     events: dict[str, list[str]],
+    hangs: dict[str, list[str]] | None = None,
 ) -> Report:
     r = Report(seed, duration_s, intensity, str(soak.bed.dir), ran_s=ran_s, settle_s=settle_s)
     batch = [j for j in soak.all_jobs() if not j.placeholder]
@@ -413,6 +440,11 @@ def build(
     r.request_storms = [f"from {soak.rel(t)}: {what}" for t, what in requests.storms()]
     r.harness_errors = list(soak.harness_errors)
     r.log_errors = {n: log_errors(soak.bed.logs / f"{n}.log") for n in ("operator", "bridge")}
+    for name in ("operator", "bridge"):
+        if stall := loop_stalls(soak.bed.logs / f"{name}.log"):
+            r.hangs[f"{name}: event loop blocked"] = stall
+    for name, said in (hangs or {}).items():
+        r.hangs[f"{name}: /healthz failing at the end"] = said
     r.requests_per_minute = {
         "slurmrestd": {
             "operator": round(requests.per_minute("operator", "slurm_rest_requests_total"), 1),
@@ -491,6 +523,10 @@ def render(r: Report) -> str:
     lines += [f"  {s}" for s in r.stuck]
     lines += ["", f"Request storms: {len(r.request_storms) or 'none'}"]
     lines += [f"  {s}" for s in r.request_storms]
+    if r.hangs:
+        lines += ["", f"Hung processes: {len(r.hangs)}"]
+        for what, said in r.hangs.items():
+            lines += [f"  {what}", *(f"    {x}" for x in said)]
     lines += ["", "Errors in our logs"]
     for name, e in r.log_errors.items():
         lines.append(f"  {name}: {e['error_lines']} ERROR lines, {e['tracebacks']} tracebacks")

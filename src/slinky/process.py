@@ -25,6 +25,7 @@ from typing import Any
 from slinky import __version__
 from slinky.kube import flags, logs, rest, serving
 from slinky.kube.leader import LeaderElector, LeadershipLost
+from slinky.loopwatch import LoopWatch
 
 log = logging.getLogger(__name__)
 
@@ -190,4 +191,10 @@ async def amain(
     # SIGQUIT writes each thread's stack to stderr even when the loop is blocked, and goes on.
     loop.add_signal_handler(signal.SIGUSR1, report_tasks)
     faulthandler.register(signal.SIGQUIT, all_threads=True)
-    return await run(args, stop)
+    # ... and a loop blocked for long says so by itself (see `loopwatch`).
+    watch = LoopWatch(loop)
+    watch.start()
+    try:
+        return await run(args, stop)
+    finally:
+        watch.stop()

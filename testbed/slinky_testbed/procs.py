@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,6 +102,23 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+def ask_stacks(send: Callable[[int], None], log_path: Path, wait: float = 5.0) -> str:
+    """Ask one of our processes where it hangs and return what it wrote to its log since:
+    SIGUSR1 logs each asyncio task's stack (when its loop is free), SIGQUIT each thread's
+    (faulthandler, even with the loop blocked). The process goes on."""
+    size = log_path.stat().st_size
+    send(signal.SIGUSR1)
+    send(signal.SIGQUIT)
+    deadline = time.monotonic() + wait
+    while (
+        time.monotonic() < deadline
+        and b"most recent call first" not in log_path.read_bytes()[size:]
+    ):
+        time.sleep(0.1)
+    time.sleep(0.2)  # SIGUSR1's report is written by the loop, after the dump
+    return log_path.read_bytes()[size:].decode(errors="replace")
+
+
 def terminate(proc: subprocess.Popen[bytes], log_path: Path, timeout: float) -> int:
     """SIGTERM one of our processes and wait `timeout` s for its exit code. One that does not
     exit is asked where it hangs (SIGUSR1: each asyncio task's stack; SIGQUIT: each thread's,
@@ -110,15 +128,7 @@ def terminate(proc: subprocess.Popen[bytes], log_path: Path, timeout: float) -> 
         return proc.wait(timeout)
     except subprocess.TimeoutExpired:
         pass
-    size = log_path.stat().st_size
-    proc.send_signal(signal.SIGUSR1)
-    proc.send_signal(signal.SIGQUIT)
-    deadline = time.monotonic() + 5
-    while (
-        time.monotonic() < deadline
-        and b"most recent call first" not in log_path.read_bytes()[size:]
-    ):
-        time.sleep(0.1)
+    ask_stacks(proc.send_signal, log_path)
     proc.kill()
     proc.wait(10)
     tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-150:])

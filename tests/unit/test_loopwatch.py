@@ -1,0 +1,76 @@
+"""A blocked event loop is reported by the watch thread with every thread's stack, and a
+loop held for a while says so once it runs again."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+
+import pytest
+
+from slinky import loopwatch
+from slinky.loopwatch import LoopWatch
+
+
+def hold_the_loop_for(seconds: float) -> None:
+    time.sleep(seconds)  # what a synchronous call inside a reconcile would do
+
+
+async def test_a_loop_blocked_past_the_stall_gets_every_threads_stack_once(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "stderr"
+    with out.open("wb") as f:
+        watch = LoopWatch(
+            asyncio.get_running_loop(), interval=0.05, stall=0.3, again=60.0, fd=f.fileno()
+        )
+        watch.start()
+        try:
+            await asyncio.sleep(0.1)
+            hold_the_loop_for(1.0)
+            await asyncio.sleep(0.1)
+        finally:
+            watch.stop()
+    text = out.read_text()
+    assert watch.dumps == 1
+    assert " ERROR slinky.loopwatch: the event loop has been blocked for" in text
+    assert "hold_the_loop_for" in text  # the frame the loop is held in
+    assert "most recent call first" in text
+
+
+async def test_a_loop_blocked_long_is_reported_again_and_a_free_loop_never(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "stderr"
+    with out.open("wb") as f:
+        watch = LoopWatch(
+            asyncio.get_running_loop(), interval=0.05, stall=0.2, again=0.4, fd=f.fileno()
+        )
+        watch.start()
+        try:
+            for _ in range(10):
+                await asyncio.sleep(0.05)
+            assert watch.dumps == 0
+            hold_the_loop_for(1.0)
+        finally:
+            watch.stop()
+    assert watch.dumps >= 2
+
+
+async def test_a_held_loop_says_for_how_long_once_free(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(loopwatch, "LATE_S", 0.2)
+    caplog.set_level(logging.WARNING, logger="slinky.loopwatch")
+    with (tmp_path / "stderr").open("wb") as f:
+        watch = LoopWatch(asyncio.get_running_loop(), interval=0.05, stall=60.0, fd=f.fileno())
+        watch.start()
+        try:
+            hold_the_loop_for(0.5)
+            await asyncio.sleep(0.15)
+        finally:
+            watch.stop()
+    assert any("the event loop was held for" in r.getMessage() for r in caplog.records)
+    assert watch.dumps == 0
