@@ -122,12 +122,26 @@ async def test_a_job_read_for_a_cancel_is_not_reported_back_as_a_change() -> Non
 async def test_a_deleted_pods_job_whose_cancel_failed_is_cancelled_on_the_retry() -> None:
     sync, slurm, _kube, pods, _changed = setup()
     pods.delete("ns/p")
-    sync.gone["ns/p"] = 7
+    sync.gone["ns/p"] = (7, "u1")
     slurm.refuse_cancel = True
     with contextlib.suppress(errors.SlurmUnavailable):  # the controller retries with backoff
         await sync.reconcile("ns/p")
     assert slurm.cancelled == []
     slurm.refuse_cancel = False
+    await sync.reconcile("ns/p")
+    assert slurm.cancelled == [7]
+    assert sync.gone == {}
+
+
+async def test_a_deleted_pods_job_is_cancelled_when_a_new_pod_of_its_name_came_first() -> None:
+    """A StatefulSet-style pod made again under the same name before the deletion was
+    reconciled: the key finds the new pod in the cache, and the old pod's job must not wait
+    for the orphan sweep (a minute or more, and only after slurmctld restarted)."""
+    sync, slurm, _kube, pods, _changed = setup()
+    pods.delete("ns/p")
+    sync.gone["ns/p"] = (7, "u1")
+    again = make_pod("p", "u2")  # same name, new UID, not scheduled yet
+    pods.upsert(again)
     await sync.reconcile("ns/p")
     assert slurm.cancelled == [7]
     assert sync.gone == {}

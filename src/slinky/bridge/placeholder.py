@@ -215,8 +215,8 @@ def job_is_for(job: Job, config: BridgeConfig, *, key: str, uid: str = "") -> bo
     label, the ledger or the job watch's cache, is this bridge's placeholder job for that
     very pod, by its admin_comment. A job id alone is not identity: slurmctld restarted from
     a state save older than its last submissions gives their ids to new jobs, so the id can
-    name another pod's job, another bridge's or a user's. `uid` is "" only when the pod is
-    gone, its UID unknown; a comment that recorded no UID (upstream's) goes by the name."""
+    name another pod's job, another bridge's or a user's. `uid` is "" only when the pod's
+    UID is not known; a comment that recorded no UID (upstream's) goes by the name."""
     comment = read_comment(str(job.raw.get("admin_comment") or ""))
     if comment is None or not comment.made_by(config) or key not in comment.pods:
         return False

@@ -76,7 +76,7 @@ def build(
     def remember_gone(pod: JSON) -> None:
         job_id = podcontrol.job_id_of(pod)
         if job_id is not None:
-            sync.gone[key_of(pod)] = job_id
+            sync.gone[key_of(pod)] = (job_id, str(pod["metadata"].get("uid") or ""))
 
     pods.add_handler(Handler(on_delete=remember_gone))
     ctrl.watch(

@@ -1,7 +1,8 @@
 """One reconcile of a bridge pod that has a placeholder job (key: namespace/name), as named
 steps. Slurm is the source of truth for what runs on managed nodes:
 
-1. `pod_gone`      — the pod is gone: its job is cancelled unless another pod of the job
+1. `pod_gone`      — the pod is gone (or a new pod took its name before the deletion was
+                     reconciled): its job is cancelled unless another pod of the job
                      still runs;
 2. `pod_finished`  — the pod is terminal (Succeeded/Failed) or every container of it has
                      ended for good (`podcontrol.containers_ended`: the kubelet says so
@@ -132,8 +133,8 @@ class WorkloadSync:
         self.slurm = slurm
         self.watch = watch
         self.recorder = recorder
-        # Pod key -> job id of pods deleted from the cache, until reconciled.
-        self.gone: dict[str, int] = {}
+        # Pod key -> (job id, UID) of pods deleted from the cache, until reconciled.
+        self.gone: dict[str, tuple[int, str]] = {}
         # Jobs whose cancel is on its way: a group's pods ending together cancel it once.
         self.cancelling: set[int] = set()
         self.enqueue: Callable[[str], None] = lambda _key: None  # set by the controller
@@ -151,9 +152,14 @@ class WorkloadSync:
         if key.startswith(UNCONFIRMED_PREFIX):
             return await self.abandoned_allocation(int(key.removeprefix(UNCONFIRMED_PREFIX)))
         pod = self.pods.store.get(key)
+        gone = self.gone.get(key)
+        if gone is not None and (pod is None or pod["metadata"].get("uid") != gone[1]):
+            # The deleted pod's job first: a new pod made under its name meanwhile (a
+            # StatefulSet's) is another pod, reconciled below.
+            await self.pod_gone(key)
         if pod is None:
             self.unlabelled_since.pop(key, None)
-            return await self.pod_gone(key)
+            return DONE
         job_id = podcontrol.job_id_of(pod)
         if job_id is None:
             if podcontrol.has_ended(pod) or podcontrol.is_deleting(pod):
@@ -290,13 +296,13 @@ class WorkloadSync:
 
     # ------------------------------------------------------------ 1. pod gone
 
-    async def pod_gone(self, key: str) -> Result:
-        job_id = self.gone.get(key)
-        if job_id is not None:
+    async def pod_gone(self, key: str) -> None:
+        gone = self.gone.get(key)
+        if gone is not None:
+            job_id, uid = gone
             # Forgotten only once cancelled: a failed cancel is retried with the key.
-            await self.cancel(job_id, key, f"pod {key} was deleted")
+            await self.cancel(job_id, key, f"pod {key} was deleted", uid)
             self.gone.pop(key, None)
-        return DONE
 
     # ------------------------------------------------------------ 2. pod finished
 
