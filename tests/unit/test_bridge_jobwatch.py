@@ -450,3 +450,22 @@ async def test_an_event_inside_the_gap_still_looks_after_the_next_pass(
         slurm.set(1, "RUNNING", "n1")
         await until(lambda: bool(seen), 5.0)
         assert seen[0] - t1 < 1.3, seen[0] - t1
+
+
+def test_a_read_taken_on_loan_is_lent_no_longer_than_its_own_age(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A loan is the lender's read, as old as it is: taken by one watch, it must not be
+    lent on as a fresh read (two watches passing one read back and forth would keep it
+    young for ever, and nothing would ever read the job again)."""
+    now = [1000.0]
+    monkeypatch.setattr(jobwatch.time, "monotonic", lambda: now[0])
+    slurm = FakeSlurm()
+    slurm.set(7, "RUNNING", "n1")
+    recent = jobwatch.RecentReads(max_age=2.0)
+    workload = JobWatch(slurm, on_change=lambda _j: None, recent=recent)  # type: ignore[arg-type]
+    recent.put(7, slurm.jobs[7])  # the scheduler's read
+    now[0] += 1.5
+    assert workload.borrow(7) is not None
+    now[0] += 1.0  # the scheduler's read is 2.5 s old now
+    assert recent.get(7) is None

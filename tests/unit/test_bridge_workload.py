@@ -26,7 +26,7 @@ from slinky.bridge.workload.sync import (
     unconfirmed,
 )
 from slinky.kube import rest
-from slinky.kube.controller import DONE
+from slinky.kube.controller import DONE, Controller
 from slinky.kube.store import Store
 from slinky.slurm import errors
 from slinky.slurm.models import Job
@@ -522,3 +522,68 @@ async def test_a_failed_adoption_does_not_keep_a_pod_whose_job_ended_running(
     sync.watch.jobs.pop(7, None)
     await sync.reconcile("ns/p")
     assert kube.deleted == ["ns/p"]  # the job's end still deletes the pod
+
+
+async def test_an_ended_gang_pod_and_its_running_sibling_do_not_wake_each_other_for_ever() -> None:
+    """The CI wedge: a gang pod that ended (finalizer gone, label kept) untracked the job its
+    running sibling still held; the sibling took the job back from the scheduler's recent read
+    (which renewed that read's age) and told both pods "changed"; so on, through a work queue
+    that never ran dry, with no request between: the event loop never turned again (no
+    Lease renewal, no probe, no SIGTERM). Real controller and work queue; a guard ends the
+    spin so that the test can fail instead of hanging."""
+    slurm = CountingSlurm()
+    pods = Store({BY_JOB: index_job})
+    ended, running = make_pod("g-1", "u1"), make_pod("g-0", "u0")
+    for pod, node in ((ended, "kwok-0"), (running, "n1")):
+        pod["metadata"]["labels"][SLURM_JOBID] = "7"
+        pod["spec"]["nodeName"] = node
+    ended["status"]["phase"] = "Succeeded"
+    running["metadata"]["finalizers"] = [FINALIZER]
+    running["status"]["phase"] = "Running"
+    pods.upsert(ended)
+    pods.upsert(running)
+    slurm.jobs[7] = {
+        "job_id": 7,
+        "job_state": ["RUNNING"],
+        "nodes": "kwok-0,n1",
+        "admin_comment": placeholder.admin_comment([running, ended], CONFIG),
+    }
+    recent = RecentReads()
+    recent.put(7, Job.parse(slurm.jobs[7]))  # the scheduler read it a moment ago
+
+    def on_change(job_id: int) -> None:
+        for p in pods.by_index(BY_JOB, str(job_id)):
+            ctrl.enqueue(f"ns/{p['metadata']['name']}")
+
+    sync = WorkloadSync(
+        Kube(pods),  # type: ignore[arg-type]
+        config=CONFIG,
+        pods=SimpleNamespace(store=pods),  # type: ignore[arg-type]
+        slurm=SimpleNamespace(client=slurm, informer=SimpleNamespace(poke=lambda: None)),  # type: ignore[arg-type]
+        watch=JobWatch(slurm, on_change=on_change, recent=recent),  # type: ignore[arg-type]
+        recorder=SimpleNamespace(event=lambda *a, **k: None),  # type: ignore[arg-type]
+    )
+    reconciles = 0
+
+    class Guarded:
+        async def reconcile(self, key: str) -> Any:
+            nonlocal reconciles
+            reconciles += 1
+            if reconciles > 200:
+                raise RuntimeError("spinning")  # retried with backoff: the loop turns again
+            return await sync.reconcile(key)
+
+    ctrl = Controller("workload-test", Guarded(), workers=1)
+    runner = asyncio.create_task(ctrl.run())
+    try:
+        ctrl.enqueue("ns/g-1")
+        ctrl.enqueue("ns/g-0")
+        for _ in range(20):
+            await asyncio.sleep(0.01)
+    finally:
+        runner.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runner
+    assert reconciles < 10
+    assert sync.watch.tracked == 1  # the running pod's job is still followed
+    assert slurm.cancelled == []

@@ -221,6 +221,39 @@ async def test_a_cancelled_controller_does_not_wait_for_in_flight_work() -> None
     assert done, "cancellation must not drain in-flight reconciles"
 
 
+async def test_reconciles_that_never_suspend_still_let_the_rest_of_the_process_run() -> None:
+    """A controller whose keys keep coming back, each reconciled without awaiting anything
+    that suspends (answers from caches), must not hold the event loop: Lease renewals,
+    probes and SIGTERM run on it too. The CI wedge was such a pair of keys."""
+    beats = 0
+    seen_at: list[int] = []
+
+    async def heartbeat() -> None:
+        nonlocal beats
+        while True:
+            beats += 1
+            await asyncio.sleep(0)
+
+    class FromCaches:
+        async def reconcile(self, key: str) -> Result:
+            seen_at.append(beats)
+            if len(seen_at) < 200:
+                ctrl.enqueue(key)  # "changed" again, with nothing awaited
+            return DONE
+
+    ctrl = Controller("caches", FromCaches(), workers=1)
+    beating = asyncio.create_task(heartbeat())
+    task = asyncio.create_task(ctrl.run(asyncio.Event()))
+    try:
+        ctrl.enqueue("ns/a")
+        await wait_for(lambda: len(seen_at) >= 200, timeout=10, what="200 reconciles")
+    finally:
+        task.cancel()
+        beating.cancel()
+        await asyncio.gather(task, beating, return_exceptions=True)
+    assert seen_at[150] - seen_at[50] >= 50  # the heartbeat ran between the reconciles
+
+
 async def test_the_full_list_after_failed_polls_is_told_to_node_list_subscribers() -> None:
     # A slurmctld kill -9 seen by a failed poll: the next poll lists every node in full, and
     # the bridge must look at its jobs at once (one came back PENDING from state saved

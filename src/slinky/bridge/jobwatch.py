@@ -311,14 +311,15 @@ class JobWatch(BackgroundLoop):
             self._settle(job_id)
         return job
 
-    def adopt(self, job_id: int, job: Job) -> None:
+    def adopt(self, job_id: int, job: Job, *, lend: bool = True) -> None:
         """Track `job_id`, which the caller has just read as `job` (a job it allocated):
         kept as a read of the watch's own, so the watch does not read it again at once (a
         second request per job in a burst); a pending one is looked at as a job just
-        submitted (`track(fresh=True)`)."""
+        submitted (`track(fresh=True)`); `lend`: offered to the other watches as a read
+        made now (not for a read on loan, which is as old as its lender's)."""
         self.track(job_id, fresh=True)
         self._read_at[job_id] = time.monotonic()
-        self._record(job_id, job)
+        self._record(job_id, job, lend=lend)
         if not job.is_pending:
             self._settle(job_id)
 
@@ -335,15 +336,15 @@ class JobWatch(BackgroundLoop):
         end between that read and now went by while this watch did not follow the job."""
         job = self.recent.get(job_id) if self.recent is not None else None
         if job is not None and track:
-            self.adopt(job_id, job)
+            self.adopt(job_id, job, lend=False)
             self._schedule(job_id, FIRST_READ_S)
         return job
 
-    def _record(self, job_id: int, job: Job | None) -> None:
+    def _record(self, job_id: int, job: Job | None, *, lend: bool = True) -> None:
         """Keep what a read showed of a tracked job; tell `on_change` when it changed."""
         known, before = job_id in self.jobs, self.jobs.get(job_id)
         self.jobs[job_id] = job
-        if self.recent is not None:
+        if self.recent is not None and lend:
             self.recent.put(job_id, job)
         if not known or _significant(before) != _significant(job):
             self.on_change(job_id)

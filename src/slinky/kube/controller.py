@@ -194,6 +194,10 @@ class Controller:
             finally:
                 self._m_active.dec()
                 self.queue.done(key)
+            # One turn of the loop between keys: a reconcile answered from caches suspends
+            # nowhere, and keys that keep coming back would otherwise hold the loop (no
+            # Lease renewal, probe or signal) for as long as they do.
+            await asyncio.sleep(0)
 
     async def _reconcile_one(self, key: str) -> None:
         start = time.monotonic()

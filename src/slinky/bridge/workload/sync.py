@@ -170,11 +170,12 @@ class WorkloadSync:
         ):
             self.unlabelled_since.pop(key, None)
             if not podcontrol.has_finalizer(pod) and podcontrol.is_labelled(pod):
-                # Settled: its job was cancelled before the finalizer went. A finished pod
-                # left in place (Job pods, `kubectl run --restart=Never`) costs nothing.
-                # (One with the Binding's job id only was never labelled: its job is
-                # cancelled all the same.)
-                self.watch.untrack(job_id)
+                # Settled: its job was cancelled before the finalizer went, or is left to
+                # the group's other pods. A finished pod left in place (Job pods, `kubectl
+                # run --restart=Never`) costs nothing. (One with the Binding's job id only
+                # was never labelled: its job is cancelled all the same.)
+                if not self.held_by_another(job_id, key):
+                    self.watch.untrack(job_id)
                 return DONE
             return await self.pod_finished(pod, job_id)
         if podcontrol.is_deleting(pod):
@@ -219,6 +220,16 @@ class WorkloadSync:
             return self.watch.jobs[job_id]
         lent = self.watch.borrow(job_id, track=track)  # the scheduler read it just now?
         return lent if lent is not None else await self.watch.read(job_id)
+
+    def held_by_another(self, job_id: int, key: str) -> bool:
+        """Whether a pod other than `key` that carries the job id has not ended: the job is
+        still followed for it. (Untracked, the running pod took the job back from a read
+        the scheduler lent, told every pod of the job "changed", and the ended one untracked
+        it again, round and round with nothing awaited: the event loop never turned.)"""
+        return any(
+            placeholder.pod_key(p) != key and not podcontrol.has_ended(p)
+            for p in self.pods.store.by_index(BY_JOB, str(job_id))
+        )
 
     def others_running(self, job: Job, key: str) -> bool:
         """Whether a pod of the job other than `key` still runs or waits to: one its
