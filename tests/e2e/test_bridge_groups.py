@@ -24,7 +24,13 @@ import yaml
 
 from slinky.bridge import podcontrol
 from slinky.bridge.groups import GANG, JOB_COMPLETION_INDEX, LWS_GROUP_INDEX, PODGROUP_LABEL
-from slinky.bridge.labels import EXTERNAL_NODE, SLURM_JOBID, SLURM_NODE, SLURMJOB_PREFIX
+from slinky.bridge.labels import (
+    EXTERNAL_NODE,
+    FINALIZER,
+    SLURM_JOBID,
+    SLURM_NODE,
+    SLURMJOB_PREFIX,
+)
 from slinky.bridge.nodes.registration import registered_for
 from slinky.kube import conditions, rest
 from slinky.slurm.models import Job, expand_hostlist
@@ -290,6 +296,53 @@ async def test_scancel_of_a_running_group_job_evicts_every_pod_of_the_group(
     await env.slurm.cancel_job(job.job_id)
     for p in pods:
         await pod_gone(env, p["metadata"]["name"], ns, timeout=90)
+    await env.kube.delete(PODGROUPS, group, ns)
+
+
+async def test_a_gang_pod_that_ended_first_leaves_its_siblings_job_followed_and_the_bridge_free(
+    bridge: BridgeEnv, gang_nodes: GangNodes
+) -> None:
+    """CI's wedge: a gang pod that ended first (finalizer gone, label kept) untracked the
+    job its running sibling held; each change of the sibling then read the job again and
+    told both pods "changed", for ever (a storm of reads, or, with the read on loan from the
+    scheduler, no await at all: the bridge stopped renewing its Leases and answering
+    probes). Each change of the sibling is one reconcile or two, and the job lives on."""
+    env, ns = bridge, bridge.managed_namespace
+    group = f"pge-{uuid.uuid4().hex[:6]}"
+    first, last = f"{group}-0", f"{group}-1"
+    await env.kube.create(PODGROUPS, podgroup(group, 2), ns)
+    await env.kube.create(rest.PODS, group_pod(first, group, ["sh", "-c", "sleep 1"]), ns)
+    await env.kube.create(rest.PODS, group_pod(last, group, ["sleep", "600"]), ns)
+    selector = f"{PODGROUP_LABEL}={group}"
+    job = await the_one_job(env, await wait_all_bound(env, ns, selector, 2, timeout=90))
+
+    async def first_settled() -> bool:
+        p = await get_pod(env, first, ns)
+        return (
+            p is not None
+            and p["status"].get("phase") == "Succeeded"
+            and FINALIZER not in (p["metadata"].get("finalizers") or [])
+        )
+
+    await wait_for(first_settled, timeout=90, what=f"{first} Succeeded, its finalizer gone")
+
+    def reconciles() -> float:
+        return env.bridge.metric_sum(
+            "controller_runtime_reconcile_total", 'controller="bridge-workload"'
+        )
+
+    before = reconciles()
+    for i in range(1, 4):  # any change brings the sibling back to the workload controller
+        await env.kube.patch(rest.PODS, last, {"metadata": {"labels": {"touched": str(i)}}}, ns)
+        await wait_for(
+            lambda i=i: reconciles() >= before + i, timeout=30, what=f"change {i} reconciled"
+        )
+    assert reconciles() - before < 12, "the two pods woke each other up"
+    assert (await env.slurm.get_job(job.job_id)).is_running
+    await env.kube.delete(rest.PODS, last, ns)
+    ended = await job_ended(env, job.job_id, timeout=60)
+    assert ended.state == ["CANCELLED"] and int(ended.raw.get("restart_cnt") or 0) == 0
+    await cleanup(env, ns, selector)
     await env.kube.delete(PODGROUPS, group, ns)
 
 

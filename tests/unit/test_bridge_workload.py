@@ -587,3 +587,22 @@ async def test_an_ended_gang_pod_and_its_running_sibling_do_not_wake_each_other_
     assert reconciles < 10
     assert sync.watch.tracked == 1  # the running pod's job is still followed
     assert slurm.cancelled == []
+
+
+async def test_a_settled_gang_pod_does_not_stop_the_following_of_a_job_its_sibling_cancelled() -> (
+    None
+):
+    """The last pod of a gang to end cancels the job, which is then followed until Slurm
+    purges it (a revival is cancelled again); the pod that ended first coming back must not
+    end that following."""
+    sync, slurm, _kube, pods, _changed = setup(phase="Succeeded")
+    sync.watch.on_revived = lambda _job_id: None
+    first = make_pod("q", "u2")
+    first["metadata"]["labels"][SLURM_JOBID] = "7"
+    first["spec"]["nodeName"] = "n2"
+    first["status"]["phase"] = "Succeeded"
+    pods.upsert(first)
+    await sync.reconcile("ns/p")
+    assert slurm.cancelled == [7] and sync.watch.is_following(7)
+    await sync.reconcile("ns/q")
+    assert sync.watch.is_following(7)

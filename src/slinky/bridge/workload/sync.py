@@ -174,8 +174,8 @@ class WorkloadSync:
                 # the group's other pods. A finished pod left in place (Job pods, `kubectl
                 # run --restart=Never`) costs nothing. (One with the Binding's job id only
                 # was never labelled: its job is cancelled all the same.)
-                if not self.held_by_another(job_id, key):
-                    self.watch.untrack(job_id)
+                if not self.held_by_another(job_id, key) and not self.watch.is_following(job_id):
+                    self.watch.untrack(job_id)  # (a cancelled job stays followed)
                 return DONE
             return await self.pod_finished(pod, job_id)
         if podcontrol.is_deleting(pod):
