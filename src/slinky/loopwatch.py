@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import faulthandler
+import json
 import logging
 import os
 import threading
@@ -39,12 +40,14 @@ class LoopWatch:
         stall: float = 10.0,
         again: float = 60.0,
         fd: int = 2,
+        json_lines: bool = False,
     ) -> None:
         self.loop = loop
         self.interval = interval
         self.stall = stall
         self.again = again
         self.fd = fd
+        self.json_lines = json_lines  # the ERROR line as `--log-format json` writes lines
         self.dumps = 0
         self._last = time.monotonic()
         self._due = self._last + interval
@@ -86,13 +89,16 @@ class LoopWatch:
                 continue
             dumped_at = now
             self.dumps += 1
-            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-            os.write(
-                self.fd,
-                (
-                    f"{stamp} ERROR {__name__}: the event loop has been blocked for "
-                    f"{blocked:.0f}s (no Lease renewal, probe or signal is handled); "
-                    "every thread's stack follows\n"
-                ).encode(),
-            )
+            os.write(self.fd, self._line(blocked).encode())
             faulthandler.dump_traceback(file=self.fd, all_threads=True)
+
+    def _line(self, blocked: float) -> str:
+        msg = (
+            f"the event loop has been blocked for {blocked:.0f}s (no Lease renewal, probe or "
+            "signal is handled); every thread's stack follows"
+        )
+        if self.json_lines:
+            ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime()) + ".000Z"
+            record = {"ts": ts, "level": "error", "logger": __name__, "msg": msg}
+            return json.dumps(record) + "\n"
+        return f"{time.strftime('%Y-%m-%d %H:%M:%S')} ERROR {__name__}: {msg}\n"

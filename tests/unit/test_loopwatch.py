@@ -4,6 +4,7 @@ loop held for a while says so once it runs again."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from pathlib import Path
@@ -74,3 +75,23 @@ async def test_a_held_loop_says_for_how_long_once_free(
             watch.stop()
     assert any("the event loop was held for" in r.getMessage() for r in caplog.records)
     assert watch.dumps == 0
+
+
+async def test_with_json_logs_the_error_line_is_a_json_record(tmp_path: Path) -> None:
+    out = tmp_path / "stderr"
+    with out.open("wb") as f:
+        watch = LoopWatch(
+            asyncio.get_running_loop(),
+            interval=0.05,
+            stall=0.3,
+            fd=f.fileno(),
+            json_lines=True,
+        )
+        watch.start()
+        try:
+            hold_the_loop_for(0.8)
+        finally:
+            watch.stop()
+    record = json.loads(out.read_text().splitlines()[0])
+    assert record["level"] == "error" and record["logger"] == "slinky.loopwatch"
+    assert record["msg"].startswith("the event loop has been blocked for")
