@@ -504,8 +504,9 @@ async def run_plan(soak: Soak, planned: list[Planned]) -> None:
 
 
 async def supervise(soak: Soak) -> None:
-    """Play the process supervisor a Deployment or systemd would be: a process of ours
-    (operator, bridge) or of the test bed (apiserver, slurmctld, slurmrestd) that exited
+    """Play the process supervisor a Deployment, a kubelet or systemd would be: a process of
+    ours (operator, bridge) or of the test bed (apiserver, kube-controller-manager,
+    kube-scheduler, slurmctld, slurmrestd) that exited
     while no action had stopped it is recorded with the last line of its log and started
     again (the operator and the bridge exit 1 by design when they lose their Lease)."""
     await soak.rounds("supervise", lambda: supervise_once(soak), 2)

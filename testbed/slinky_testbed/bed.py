@@ -472,6 +472,10 @@ class Testbed:
         )
 
     def _start_kcm_and_scheduler(self, state: State) -> None:
+        self._start_kcm(state)
+        self._start_scheduler(state)
+
+    def _start_kcm(self, state: State) -> None:
         k = self.pki
         self._spawn(
             state,
@@ -497,6 +501,8 @@ class Testbed:
                 "--v=1",
             ],
         )
+
+    def _start_scheduler(self, state: State) -> None:
         self._spawn(
             state,
             "scheduler",
@@ -744,6 +750,16 @@ class Testbed:
             "apiserver": (self._start_apiserver, lambda: self._kube_ok(state, "/readyz")),
             "slurmrestd": (self._start_slurmrestd, lambda: self._slurmrestd_ok(state)),
             "slurmctld": (self._start_slurmctld, self._slurmctld_up),
+            # Static pods a kubelet would start again (kube-scheduler exits by design when
+            # it finds its cache corrupted, e.g. a Binding applied whose answer was lost).
+            "kcm": (
+                self._start_kcm,
+                lambda: self._http_ok(f"https://127.0.0.1:{state.ports['kcm']}/healthz"),
+            ),
+            "scheduler": (
+                self._start_scheduler,
+                lambda: self._http_ok(f"https://127.0.0.1:{state.ports['scheduler']}/healthz"),
+            ),
         }
         start, ready = starters[name]
         with (self.dir / "restarts.log").open("a") as f:

@@ -220,3 +220,21 @@ def test_env_prints_what_a_shell_needs(testbed: Testbed) -> None:
     ).stdout
     for var in ("KUBECONFIG", "SLURM_REST_URL", "SLURM_JWT", "SLURM_JWT_KEY", "SLURMCTLD_ADDR"):
         assert f"export {var}=" in out
+
+
+async def test_a_crashed_scheduler_or_controller_manager_is_started_again_and_works(
+    kube: rest.Kube, testbed: Testbed, namespace: str
+) -> None:
+    """What a kubelet does for static pods, the soak's supervisor does through this (the
+    kube-scheduler exits by design when it finds its cache corrupted, which an apiserver
+    kill -9 under a Binding can cause)."""
+    for name in ("scheduler", "kcm"):
+        testbed.kill_component(name)
+        testbed.start_component(name)
+    await kube.create(rest.PODS, pod("after-restart", ["sleep", "300"]), namespace)
+
+    async def bound() -> str:
+        got = await kube.get(rest.PODS, "after-restart", namespace)
+        return str(got["spec"].get("nodeName", ""))
+
+    assert await wait_for(bound, timeout=60, what="pod scheduled by the new kube-scheduler")
