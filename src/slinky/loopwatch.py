@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import faulthandler
-import json
 import logging
 import os
 import threading
 import time
+
+from slinky.kube import logs
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +41,15 @@ class LoopWatch:
         stall: float = 10.0,
         again: float = 60.0,
         fd: int = 2,
-        json_lines: bool = False,
+        formatter: logging.Formatter | None = None,
     ) -> None:
         self.loop = loop
         self.interval = interval
         self.stall = stall
         self.again = again
         self.fd = fd
-        self.json_lines = json_lines  # the ERROR line as `--log-format json` writes lines
+        # The ERROR line is formatted as the process's log lines are (`logs.formatter`).
+        self.formatter = formatter or logs.formatter()
         self.dumps = 0
         self._last = time.monotonic()
         self._due = self._last + interval
@@ -93,12 +95,14 @@ class LoopWatch:
             faulthandler.dump_traceback(file=self.fd, all_threads=True)
 
     def _line(self, blocked: float) -> str:
-        msg = (
-            f"the event loop has been blocked for {blocked:.0f}s (no Lease renewal, probe or "
-            "signal is handled); every thread's stack follows"
+        record = log.makeRecord(
+            log.name,
+            logging.ERROR,
+            __file__,
+            0,
+            "the event loop has been blocked for %.0fs (no Lease renewal, probe or signal is "
+            "handled); every thread's stack follows",
+            (blocked,),
+            None,
         )
-        if self.json_lines:
-            ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime()) + ".000Z"
-            record = {"ts": ts, "level": "error", "logger": __name__, "msg": msg}
-            return json.dumps(record) + "\n"
-        return f"{time.strftime('%Y-%m-%d %H:%M:%S')} ERROR {__name__}: {msg}\n"
+        return self.formatter.format(record) + "\n"

@@ -192,7 +192,7 @@ async def amain(
     loop.add_signal_handler(signal.SIGUSR1, report_tasks)
     faulthandler.register(signal.SIGQUIT, all_threads=True)
     # ... and a loop blocked for long says so by itself (see `loopwatch`).
-    watch = LoopWatch(loop, json_lines=args.log_format == "json")
+    watch = LoopWatch(loop, formatter=logs.formatter(args.log_format))
     watch.start()
     try:
         return await run(args, stop)

@@ -4,14 +4,18 @@ loop held for a while says so once it runs again."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from slinky import loopwatch
+from slinky.kube import logs
 from slinky.loopwatch import LoopWatch
 
 
@@ -19,21 +23,26 @@ def hold_the_loop_for(seconds: float) -> None:
     time.sleep(seconds)  # what a synchronous call inside a reconcile would do
 
 
+@contextlib.asynccontextmanager
+async def watching(out: Path, **settings: Any) -> AsyncIterator[LoopWatch]:
+    """A watch of the running loop, its reports written to `out`, stopped on leaving."""
+    with out.open("wb") as f:
+        watch = LoopWatch(asyncio.get_running_loop(), interval=0.05, fd=f.fileno(), **settings)
+        watch.start()
+        try:
+            yield watch
+        finally:
+            watch.stop()
+
+
 async def test_a_loop_blocked_past_the_stall_gets_every_threads_stack_once(
     tmp_path: Path,
 ) -> None:
     out = tmp_path / "stderr"
-    with out.open("wb") as f:
-        watch = LoopWatch(
-            asyncio.get_running_loop(), interval=0.05, stall=0.3, again=60.0, fd=f.fileno()
-        )
-        watch.start()
-        try:
-            await asyncio.sleep(0.1)
-            hold_the_loop_for(1.0)
-            await asyncio.sleep(0.1)
-        finally:
-            watch.stop()
+    async with watching(out, stall=0.3, again=60.0) as watch:
+        await asyncio.sleep(0.1)
+        hold_the_loop_for(1.0)
+        await asyncio.sleep(0.1)
     text = out.read_text()
     assert watch.dumps == 1
     assert " ERROR slinky.loopwatch: the event loop has been blocked for" in text
@@ -44,19 +53,11 @@ async def test_a_loop_blocked_past_the_stall_gets_every_threads_stack_once(
 async def test_a_loop_blocked_long_is_reported_again_and_a_free_loop_never(
     tmp_path: Path,
 ) -> None:
-    out = tmp_path / "stderr"
-    with out.open("wb") as f:
-        watch = LoopWatch(
-            asyncio.get_running_loop(), interval=0.05, stall=0.2, again=0.4, fd=f.fileno()
-        )
-        watch.start()
-        try:
-            for _ in range(10):
-                await asyncio.sleep(0.05)
-            assert watch.dumps == 0
-            hold_the_loop_for(1.0)
-        finally:
-            watch.stop()
+    async with watching(tmp_path / "stderr", stall=0.2, again=0.4) as watch:
+        for _ in range(10):
+            await asyncio.sleep(0.05)
+        assert watch.dumps == 0
+        hold_the_loop_for(1.0)
     assert watch.dumps >= 2
 
 
@@ -65,33 +66,17 @@ async def test_a_held_loop_says_for_how_long_once_free(
 ) -> None:
     monkeypatch.setattr(loopwatch, "LATE_S", 0.2)
     caplog.set_level(logging.WARNING, logger="slinky.loopwatch")
-    with (tmp_path / "stderr").open("wb") as f:
-        watch = LoopWatch(asyncio.get_running_loop(), interval=0.05, stall=60.0, fd=f.fileno())
-        watch.start()
-        try:
-            hold_the_loop_for(0.5)
-            await asyncio.sleep(0.15)
-        finally:
-            watch.stop()
+    async with watching(tmp_path / "stderr", stall=60.0) as watch:
+        hold_the_loop_for(0.5)
+        await asyncio.sleep(0.15)
     assert any("the event loop was held for" in r.getMessage() for r in caplog.records)
     assert watch.dumps == 0
 
 
 async def test_with_json_logs_the_error_line_is_a_json_record(tmp_path: Path) -> None:
     out = tmp_path / "stderr"
-    with out.open("wb") as f:
-        watch = LoopWatch(
-            asyncio.get_running_loop(),
-            interval=0.05,
-            stall=0.3,
-            fd=f.fileno(),
-            json_lines=True,
-        )
-        watch.start()
-        try:
-            hold_the_loop_for(0.8)
-        finally:
-            watch.stop()
+    async with watching(out, stall=0.3, formatter=logs.formatter("json")):
+        hold_the_loop_for(0.8)
     record = json.loads(out.read_text().splitlines()[0])
     assert record["level"] == "error" and record["logger"] == "slinky.loopwatch"
     assert record["msg"].startswith("the event loop has been blocked for")

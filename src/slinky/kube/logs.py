@@ -26,13 +26,18 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def formatter(fmt: str = "text") -> logging.Formatter:
+    """The formatter of our log lines (`--log-format`)."""
+    return JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT)
+
+
 def setup(level: str = "info", fmt: str = "text") -> None:
     """Configure the root logger once for a process."""
     handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(formatter(fmt))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
