@@ -34,7 +34,7 @@ from bench import soak_bed, soak_chaos, soak_health, soak_metrics, soak_report, 
 from bench.soak_bed import BRIDGE_NAMESPACE, Ports
 from bench.soak_invariants import InvariantWatch
 from bench.soak_state import Soak
-from bench.soak_watch import observe_loop, observe_once
+from bench.soak_watch import observe_loop, observe_once, saved_state_loop
 from slinky.kube import rest
 from slinky.slurm.client import SlurmClient
 from slinky.slurm.tokens import MintedToken
@@ -181,6 +181,7 @@ async def soak_run(args: argparse.Namespace, bed: Testbed, echo: Callable[[str],
     background = [
         asyncio.create_task(soak_chaos.supervise(soak)),
         asyncio.create_task(observe_loop(soak, invariants)),
+        asyncio.create_task(saved_state_loop(soak)),
         asyncio.create_task(soak_metrics.scrape_loop(soak, requests)),
     ]
     streams = [

@@ -26,6 +26,7 @@ from bench.soak_chaos import CHAOS
 from bench.soak_invariants import INVARIANTS, InvariantWatch
 from bench.soak_metrics import Requests
 from bench.soak_state import BridgePod, Soak, TrackedJob
+from bench.soak_watch import SAVED_STATE_S
 
 JSON = dict[str, Any]
 KILLED, SLURM, COMPLETED, UNFINISHED = "killed", "ended by Slurm", "completed", "unfinished"
@@ -66,6 +67,8 @@ class Report:
     hpa_zero_and_back: int = 0
     invariants: dict[str, list[str]] = field(default_factory=dict)
     invariant_samples: int = 0
+    # Spans in which slurmctld's saved state would not have started (soak_watch).
+    unstartable_state: list[str] = field(default_factory=list)
     stuck: list[str] = field(default_factory=list)
     request_storms: list[str] = field(default_factory=list)
     harness_errors: list[str] = field(default_factory=list)
@@ -86,6 +89,8 @@ class Report:
             out.append(f"{n} bridge pods not Succeeded")
         if n := sum(len(v) for v in self.invariants.values()):
             out.append(f"{n} invariant breaches")
+        if self.unstartable_state:
+            out.append(f"{len(self.unstartable_state)} spans of saved state slurmctld refuses")
         if self.stuck:
             out.append(f"{len(self.stuck)} stuck objects or unrecovered actions")
         if self.request_storms:
@@ -436,6 +441,10 @@ def build(
             if b.invariant == inv.name
         ]
     r.invariant_samples = invariants.samples
+    r.unstartable_state = [
+        f"{soak.rel(a)}..{soak.rel(b)}: {', '.join(names)}"
+        for a, b, names in spans(soak.unstartable, gap=2 * SAVED_STATE_S + 1)
+    ]
     r.stuck += stuck
     r.request_storms = [f"from {soak.rel(t)}: {what}" for t, what in requests.storms()]
     r.harness_errors = list(soak.harness_errors)
@@ -519,6 +528,12 @@ def render(r: Report) -> str:
     for name, breaches in r.invariants.items():
         lines.append(f"  {name}: {len(breaches)}")
         lines += [f"    {b}" for b in breaches[:10]]
+    lines += [
+        "",
+        "slurmctld's saved state a restart refuses (partitions naming nodes it lacks): "
+        + (str(len(r.unstartable_state)) if r.unstartable_state else "never"),
+    ]
+    lines += [f"  {s}" for s in r.unstartable_state]
     lines += ["", f"Objects stuck / not recovered: {len(r.stuck) or 'none'}"]
     lines += [f"  {s}" for s in r.stuck]
     lines += ["", f"Request storms: {len(r.request_storms) or 'none'}"]
@@ -568,3 +583,18 @@ def render(r: Report) -> str:
         result = f"INCONCLUSIVE ({len(r.harness_errors)} errors of the soak itself); {result}"
     lines += ["", f"RESULT: {result}"]
     return "\n".join(lines)
+
+
+def spans(
+    samples: list[tuple[float, list[str]]], *, gap: float
+) -> list[tuple[float, float, list[str]]]:
+    """Samples (time, names) joined into spans: consecutive ones less than `gap` apart, with
+    the names seen in any of them."""
+    out: list[tuple[float, float, list[str]]] = []
+    for at, names in samples:
+        if out and at - out[-1][1] < gap:
+            first, _, seen = out[-1]
+            out[-1] = (first, at, sorted({*seen, *names}))
+        else:
+            out.append((at, at, list(names)))
+    return out

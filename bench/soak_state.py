@@ -162,6 +162,9 @@ class Soak:
     jobs_listed_at: float = field(default_factory=time.time)
     watch_gaps: list[tuple[float, float]] = field(default_factory=list)
     hpa_back_at: list[float] = field(default_factory=list)
+    # Samples of slurmctld's saved state a restart would refuse (a NodeSet node its saved
+    # partitions name and its saved nodes lack): when, and those nodes.
+    unstartable: list[tuple[float, list[str]]] = field(default_factory=list)
     stopping: asyncio.Event = field(default_factory=asyncio.Event)
     # Called with a component's name just before the chaos stops it (its counters are read
     # one last time).

@@ -1,12 +1,14 @@
 """The soak's eyes: every few seconds, the bridge's pods (from the apiserver), then every job
 (from Slurm, one `GET jobs/`: finished jobs are purged after MinJobAge=300s, so each is read
 well before), and the HPA-driven NodeSet's replicas. Each round updates the records of the
-work, tends the bridge pods (soak_work) and feeds the invariants one snapshot."""
+work, tends the bridge pods (soak_work) and feeds the invariants one snapshot. Twice a second,
+slurmctld's saved state on disk: whether a slurmctld killed then could start again."""
 
 from __future__ import annotations
 
 import time
 
+from bench import soak_bed
 from bench.soak_bed import BRIDGE_NAMESPACE, HPA_NODESET, NAMESPACE
 from bench.soak_health import UNREACHABLE
 from bench.soak_invariants import InvariantWatch, Snapshot
@@ -14,8 +16,10 @@ from bench.soak_state import Soak
 from bench.soak_work import tend_bridge_pods, track_jobs
 from slinky.kube import rest
 from slinky.operator.resources import NODESETS
+from slinky_testbed import slurmstate
 
 OBSERVE_S = 3.0
+SAVED_STATE_S = 0.5
 WATCH_GAP_S = 30.0
 
 
@@ -66,3 +70,15 @@ async def observe_loop(soak: Soak, invariants: InvariantWatch) -> None:
         await observe_once(soak, invariants)
 
     await soak.rounds("observe", one_round, OBSERVE_S)
+
+
+async def saved_state_loop(soak: Soak) -> None:
+    """slurmctld's saved state, as a kill -9 now would leave it: a NodeSet node its saved
+    partitions name and its saved nodes lack makes the restart fatal (soak seed 26: "fatal:
+    Invalid node names in partition"). Seen even when no kill falls in that moment."""
+
+    async def one_round() -> None:
+        if bad := slurmstate.unknown_in_partitions(soak.bed.root, soak_bed.NODESETS):
+            soak.unstartable.append((time.time(), sorted(bad)))
+
+    await soak.rounds("saved state", one_round, SAVED_STATE_S)
