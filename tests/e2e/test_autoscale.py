@@ -5,16 +5,20 @@ Every job asserted here ends COMPLETED and was never requeued."""
 
 from __future__ import annotations
 
+import time
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
 from slinky.kube import rest
+from slinky.operator.nodeset import partition as partition_module
 from slinky.operator.nodeset.partition import ANNOTATION_PARTITION
 from slinky.operator.resources import NODESETS
 from slinky.slurm import errors
-from slinky.slurm.models import Job, Partition
+from slinky.slurm.models import Job, Partition, expand_hostlist
+from slinky_testbed import bed, slurmstate
 from slinky_testbed.waiting import wait_for
 from tests.e2e.nodeset_fixtures import Env, completed_once, nodeset_manifest
 from tests.e2e.operator_fixtures import condition
@@ -449,3 +453,136 @@ async def test_a_partition_slurm_lost_is_made_again_at_once_even_with_no_nodes(
     assert await wait_for(
         recreated_event, timeout=30, interval=0.5, what="a PartitionRecreated event"
     )
+
+
+class SavedState:
+    """What slurmctld would start from after a kill -9 now (`slinky_testbed.slurmstate`)."""
+
+    def __init__(self, e: Env, nodeset: str) -> None:
+        self.root = e.testbed.root
+        self.dir = e.testbed.root / slurmstate.STATE_DIR
+        self.nodeset = nodeset
+        self.samples = 0
+
+    def unknown_in_partition(self) -> set[str]:
+        self.samples += 1
+        return slurmstate.unknown_in_partitions(self.root, [self.nodeset])
+
+    async def both_hold_all(self) -> bool:
+        """Both files name both nodes of the NodeSet (slurmctld saved them since they came)."""
+        want = {f"{self.nodeset}-0", f"{self.nodeset}-1"}
+        files = (self.dir / "part_state", self.dir / "node_state")
+        return all(slurmstate.saved_names(f, [self.nodeset]) == want for f in files)
+
+    async def nodes_saved_without_them(self) -> bool:
+        return not slurmstate.saved_names(self.dir / "node_state", [self.nodeset])
+
+
+async def test_nodes_leave_the_partition_before_slurm_forgets_them_so_a_kill_9_restarts(
+    env: Env,
+) -> None:
+    """Soak seed 26: right after a NodeSet with its own partition went from 2 idle nodes to
+    0, a kill -9 of slurmctld left it unable to start ("fatal: Invalid node names in
+    partition"): the saved partition still named nodes the saved node state no longer had.
+    Now a node leaves the partition when it is condemned (a busy one keeps its job), and its
+    Slurm node is deleted only after slurmctld saved the partition without it. Watched on
+    disk the whole time: 2 idle -> 0, then slurmctld killed (it must start again); 0 -> 2,
+    a `kubectl delete pod` of the idle one, and 2 -> 0 with a job running; then new nodes
+    take jobs in the partition."""
+    e = env
+    name = unique("asz")
+    saved = SavedState(e, name)
+    breaches: list[set[str]] = []
+
+    async def consistent(done: Callable[[], Awaitable[bool]], what: str) -> None:
+        async def check() -> bool:
+            if bad := saved.unknown_in_partition():
+                breaches.append(bad)
+            return await done()
+
+        await wait_for(check, timeout=180, interval=0.1, what=what)
+
+    async def both_in() -> bool:
+        p = await partition(e, name)
+        return p is not None and set(expand_hostlist(p.nodes)) == {f"{name}-0", f"{name}-1"}
+
+    async def all_gone() -> bool:
+        if await e.pods(name):
+            return False
+        return all([await e.slurm_node(f"{name}-{i}") is None for i in (0, 1)])
+
+    await create_nodeset(e, with_partition(name, 2))
+    await wait_for(both_in, timeout=120, interval=0.3, what=f"partition {name} with 2 nodes")
+    await consistent(saved.both_hold_all, "slurmctld saved the partition and its nodes")
+    await e.scale(name, 0)
+    await consistent(all_gone, "2 idle pods and their Slurm nodes gone")
+    await consistent(saved.nodes_saved_without_them, "slurmctld saved its nodes without them")
+    e.testbed.kill_component("slurmctld")
+    try:
+        e.testbed.start_component("slurmctld", timeout=30)
+    except bed.TestbedError as err:
+        # Leave the test bed usable for the next tests, then fail.
+        (saved.dir / "part_state").unlink(missing_ok=True)
+        e.testbed.start_component("slurmctld")
+        raise AssertionError(f"slurmctld did not start again ({err}); saw {breaches}") from None
+    assert not breaches, f"saved partition named nodes the saved nodes lacked: {breaches}"
+    assert await partition(e, name) is not None
+
+    await e.scale(name, 2)
+    await consistent(both_in, f"partition {name} with 2 nodes again")
+    job = await submit_to(e, name, 40)
+    busy = await e.running_on(job)
+    # A pod deleted by hand (not by the operator) while the operator cannot reach Slurm:
+    # its preStop may not delete its Slurm node, which the partition still names.
+    idle = f"{name}-1" if busy == f"{name}-0" else f"{name}-0"
+    old_pod = await e.kube.get(rest.PODS, idle, e.namespace)
+    e.testbed.stop_component("slurmrestd")
+    try:
+        await e.kube.delete(rest.PODS, idle, e.namespace)
+
+        async def old_pod_gone() -> bool:
+            try:
+                pod = await e.kube.get(rest.PODS, idle, e.namespace)
+            except rest.ApiError:
+                return True
+            return pod["metadata"]["uid"] != old_pod["metadata"]["uid"]
+
+        await consistent(old_pod_gone, f"pod {idle} gone")
+        gone_at = time.time()
+
+        async def a_save_later() -> bool:  # whatever slurmctld saves meanwhile is watched
+            return time.time() > gone_at + partition_module.STATE_SAVE_S
+
+        await consistent(a_save_later, "slurmctld saving its state")
+    finally:
+        e.testbed.start_component("slurmrestd")
+
+    async def replaced() -> bool:
+        try:
+            pod = await e.kube.get(rest.PODS, idle, e.namespace)
+        except rest.ApiError:
+            return False
+        node = await e.slurm_node(idle)
+        return (
+            pod["metadata"]["uid"] != old_pod["metadata"]["uid"]
+            and node is not None
+            and node.state.is_idle
+            and node.address == pod["status"].get("podIP")
+        )
+
+    await consistent(replaced, f"pod {idle} made again and registered at its address")
+    await e.scale(name, 0)
+
+    async def none_in() -> bool:
+        p = await partition(e, name)
+        return p is not None and not p.nodes
+
+    await consistent(none_in, "both nodes out of the partition")
+    assert (await e.slurm.get_job(job)).is_running, "the busy node left only after its job"
+    await consistent(all_gone, "the pods and their Slurm nodes gone")
+    await completed(e, job, timeout=60)
+    assert not breaches, f"saved partition named nodes the saved nodes lacked: {breaches}"
+    assert saved.samples > 100
+
+    await e.scale(name, 1)
+    await completed(e, await submit_to(e, name, 1), timeout=120)

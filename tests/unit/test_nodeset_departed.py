@@ -17,6 +17,7 @@ from slinky.api.schema import parse
 from slinky.api.v1alpha1.nodeset import NodeSetSpec
 from slinky.operator.clients import Connection
 from slinky.operator.nodeset import mirror
+from slinky.operator.nodeset.partition import Partitions
 from slinky.operator.nodeset.sync import NodeSetSync
 from slinky.operator.nodeset.view import View
 from slinky.slurm.client import SlurmClient
@@ -76,6 +77,7 @@ def setup(
     view = View(obj, spec, "ns/cpu", "ns/cpu/nsuid", "rev", None, conn, active, {})
     said: list[tuple[str, str]] = []
     sync = NodeSetSync.__new__(NodeSetSync)
+    sync.partitions = Partitions()
     sync.ctx = SimpleNamespace(  # type: ignore[assignment]
         recorder=SimpleNamespace(event=lambda _o, _t, reason, msg, **_k: said.append((reason, msg)))
     )

@@ -166,7 +166,9 @@ async def test_a_busy_pod_is_condemned_with_its_deadline_and_its_drain_timed_at_
 
     control = Control()
     ctx: Any = SimpleNamespace(
-        podcontrol=control, recorder=SimpleNamespace(event=lambda *a, **k: None)
+        podcontrol=control,
+        recorder=SimpleNamespace(event=lambda *a, **k: None),
+        partitions=None,
     )
     the_pod = {
         "metadata": {"name": "cpu-0", "namespace": "ns", "uid": "p0", "annotations": {}},
@@ -216,6 +218,7 @@ async def test_no_deadline_is_read_while_slurm_cannot_be_asked() -> None:
     ctx: Any = SimpleNamespace(
         podcontrol=SimpleNamespace(patch_metadata=patch_metadata),
         recorder=SimpleNamespace(event=lambda *a, **k: None),
+        partitions=None,
     )
     the_pod = {
         "metadata": {"name": "cpu-0", "namespace": "ns", "uid": "p0", "annotations": {}},

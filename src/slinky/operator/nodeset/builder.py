@@ -54,6 +54,11 @@ ANNOTATION_SLURM_FEATURES = "nodeset.slinky.slurm.net/slurm-features"
 MANAGER = "slurm-operator"
 REASON_PREFIX = "slurm-operator: "
 PRESTOP_REASON = f"{REASON_PREFIX}pod terminating"
+# The slurmd container's variable naming the NodeSet's own Slurm partition (pre_stop), and
+# how long slurmctld needs to save the partition without a node (see `partition`).
+ENV_PARTITION = "SLINKY_PARTITION"
+STATE_SAVE_S = 10.0
+PRESTOP_PARTITION_WAIT_S = 60
 
 
 def pod_name(nodeset: str, ordinal: int) -> str:
@@ -193,16 +198,33 @@ def pre_stop() -> JSON:
 
     The operator drains before it deletes a pod; the wait is for deletions it does not
     control (a namespace being deleted, `kubectl delete pod`), so those do not kill a job
-    that ends within the grace period. A drain made by someone else keeps its reason."""
+    that ends within the grace period. A drain made by someone else keeps its reason.
+
+    With `$SLINKY_PARTITION` set (the NodeSet has its own partition), the record is deleted
+    only after the node has left that partition (the operator takes a terminating pod's node
+    out) and `partition.STATE_SAVE_S` more, so slurmctld has saved the partition without it
+    (see `partition`); if the operator does not take it out within a minute, the record is
+    left DOWN for the operator to delete later. A node the operator already deleted (the
+    deletions it makes) ends the hook at once."""
     reason = shlex.quote(f"reason={PRESTOP_REASON}")
     script = (
+        'out=$(scontrol -o show node "$HOSTNAME" 2>&1) || case "$out" in '
+        "*' not found'*) exit 0;; esac; "
         'state() { s=$(scontrol -o show node "$HOSTNAME" 2>/dev/null) || return 1; '
         's=${s#*State=}; echo "${s%% *}"; }; '
+        # In the partition, or cannot tell (slurmctld unreachable): yes; no such node: no.
+        'inside() { s=$(scontrol -o show node "$HOSTNAME" 2>&1) || { case "$s" in '
+        "*' not found'*) return 1;; esac; return 0; }; "
+        'case "$s" in *" Partitions="*) s=${s#* Partitions=}; s=${s%% *};; *) s=;; esac; '
+        f'case ",$s," in *",${ENV_PARTITION},"*) return 0;; esac; return 1; }}; '
         'case "$(state)" in *DRAIN*) ;; *) '
         f'scontrol update nodename="$HOSTNAME" state=DRAIN {reason} || true;; esac; '
         'while :; do case "$(state)" in '
         "*ALLOCATED*|*MIXED*|*COMPLETING*) sleep 1;; *) break;; esac; done; "
         f'scontrol update nodename="$HOSTNAME" state=DOWN {reason} || true; '
+        f'if [ -n "${{{ENV_PARTITION}:-}}" ]; then n=0; '
+        f'while inside; do n=$((n+1)); [ "$n" -gt {PRESTOP_PARTITION_WAIT_S} ] && exit 0; '
+        f"sleep 1; done; sleep {STATE_SAVE_S:.0f}; fi; "
         'scontrol delete nodename="$HOSTNAME" || true'
     )
     return {"exec": {"command": ["/bin/sh", "-c", script]}}
@@ -255,6 +277,9 @@ def build_pod(
         )
         lifecycle = c.setdefault("lifecycle", {})
         lifecycle.setdefault("preStop", pre_stop())
+        if spec.partition is not None and spec.partition.enabled:
+            env = [e for e in c.get("env") or [] if e.get("name") != ENV_PARTITION]
+            c["env"] = [*env, {"name": ENV_PARTITION, "value": spec.partition.name or name}]
     pspec["containers"] = containers
 
     volumes = list(pspec.get("volumes") or [])

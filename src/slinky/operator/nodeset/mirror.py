@@ -30,6 +30,7 @@ from slinky.operator.nodeset.builder import (
     ANNOTATION_CORDON,
     ANNOTATION_NODE_CORDON_REASON,
     LABEL_PROTECT,
+    PRESTOP_REASON,
     REASON_PREFIX,
     ordinal_of,
     slurm_comment,
@@ -230,14 +231,20 @@ def departed(view: View) -> list[Node]:
 
 def slurmd_gone(node: Node, namespace: str) -> bool:
     """A node our slurmd made, and that slurmd is gone: a dynamic node (`slurmd -Z`; a node
-    of slurm.conf named like a pod is never one), NOT_RESPONDING, whose comment names the pod
-    of its name in `namespace`, or nothing (a slurmctld restarted from older state may have
-    lost the comment too)."""
+    of slurm.conf named like a pod is never one), NOT_RESPONDING (or set DOWN by its
+    preStop), whose comment names the pod of its name in `namespace`, or nothing (a
+    slurmctld restarted from older state may have lost the comment too)."""
     return (
         claimant(node.comment) in ((namespace, node.name), None)
         and node.state.has("DYNAMIC_NORM")
-        and node.state.has("NOT_RESPONDING")
+        and (node.state.has("NOT_RESPONDING") or downed_by_prestop(node))
     )
+
+
+def downed_by_prestop(node: Node) -> bool:
+    """Set DOWN by its pod's preStop, which ended there (it waited for the node to leave the
+    NodeSet's partition in vain): with the pod gone, no slurmd runs for it."""
+    return node.state.base == "DOWN" and node.reason.startswith(PRESTOP_REASON)
 
 
 def outlived(node: Node, namespace: str) -> bool:

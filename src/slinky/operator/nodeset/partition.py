@@ -4,9 +4,23 @@ With `spec.partition.enabled` the operator keeps a Slurm partition named after t
 (upstream's convention; `spec.partition.name` names it otherwise) through slurmrestd's
 `POST /partitions/`:
 
-- its node list is the NodeSet's pods that are registered in Slurm (a partition with no
-  nodes is fine: Slurm queues jobs on it, reason `PartitionConfig`, so `replicas: 0` keeps
-  the partition and jobs submitted to it stay PENDING until nodes come);
+- its node list is the NodeSet's pods that are registered in Slurm and stay (`members`: not
+  condemned, not being deleted). A partition with no nodes is fine: Slurm queues jobs on it,
+  reason `PartitionConfig`, so `replicas: 0` keeps the partition and jobs submitted to it
+  stay PENDING until nodes come. A node taken out keeps running its jobs (Slurm changes no
+  running job when a partition's nodes change);
+- a Slurm node leaves the partition before its record is deleted, and the record is deleted
+  only `STATE_SAVE_S` after that (`release`, `record_free_in`). slurmctld saves its node and
+  partition state in separate files, each written some seconds after a change, and a start
+  from a partition state that names a node the node state lacks is fatal ("Invalid node
+  names in partition"). Deleting a node straight out of the partition left exactly that on
+  disk for the seconds before the next partition save: a kill -9 then and slurmctld could
+  not start again (soak seed 26). So the operator deletes the Slurm node of a drained pod
+  itself, once its node has been out of the partition long enough, and the pod's preStop,
+  which deletes the node for deletions the operator did not make, waits the same way
+  (`builder.pre_stop`). A partition update names only nodes Slurm has (re-read when Slurm
+  says otherwise), and one that names a node Slurm no longer has (deleted by someone else)
+  is written again, which makes slurmctld save it;
 - `spec.partition.config` is a slurm.conf-style string (`MaxTime=60 Default=YES`); only the
   keys in `CONFIG_KEYS` are accepted, anything else is refused naming the key;
 - the partition is the NodeSet's only if the operator created it: the NodeSet carries the
@@ -29,17 +43,20 @@ Problems are reported on the NodeSet condition `PartitionReady`; nothing is dele
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from slinky.kube import conditions, events, rest
+from slinky.operator.nodeset import builder, pods
 from slinky.operator.nodeset.view import Context, View
 from slinky.operator.resources import NODESETS
 from slinky.slurm import errors
-from slinky.slurm.models import Job, csv, expand_hostlist
+from slinky.slurm.models import Job, Partition, csv, expand_hostlist
 from slinky.types import JSON
 
 log = logging.getLogger(__name__)
@@ -52,6 +69,12 @@ NOT_RUNNING_SOON = frozenset(
 )
 CONDITION = "PartitionReady"
 RETRY_S = 10.0  # after an error: Slurm unreachable, refused, or a conflict resolved by hand
+# How long a node must have been out of the partition before its Slurm node is deleted:
+# slurmctld's state thread looks every second and writes at most every 5 s (SAVE_MAX_WAIT),
+# so a partition state written after the change is on disk well within this. The slurmd
+# container's preStop waits as long (`builder.pre_stop`).
+STATE_SAVE_S = builder.STATE_SAVE_S
+FORGET_LEFT_S = 3600.0  # when a node left the partition is kept this long
 
 
 def claimed_by(nodeset: JSON) -> str | None:
@@ -240,13 +263,21 @@ def matches(want: JSON, have: JSON) -> bool:
     )
 
 
-def registered_nodes(view: View) -> list[str]:
-    """The NodeSet's pods whose slurmd registered in Slurm (identity checked)."""
+def members(view: View) -> list[str]:
+    """The partition's nodes: the NodeSet's pods whose slurmd registered in Slurm (identity
+    checked) and that stay: not being deleted, not condemned (their node is drained and
+    goes once its jobs end), not taken out by this pass."""
     return sorted(
         name
-        for name, pod in (*view.active.items(), *view.terminating.items())
-        if view.slurm_node(pod) is not None
+        for name, pod in view.active.items()
+        if name not in view.leaving
+        and pods.condemned(pod) is None
+        and view.slurm_node(pod) is not None
     )
+
+
+def named_by(nodes: str) -> set[str]:
+    return set(expand_hostlist(nodes)) if nodes else set()
 
 
 @dataclass
@@ -266,6 +297,11 @@ class Partitions:
         # (NodeSet UID, partition) pairs the informer has shown: one missing after that was
         # lost by Slurm, not yet made.
         self._seen: set[tuple[str, str]] = set()
+        # By NodeSet UID: the nodes of our last accepted write of its partition, and when
+        # each node that left them did (monotonic; the first sight, for one this process
+        # never wrote).
+        self._written: dict[str, frozenset[str]] = {}
+        self._left: dict[str, dict[str, float]] = {}
 
     def claimed(self, view: View) -> str | None:
         return claimed_by(view.obj)
@@ -302,11 +338,7 @@ class Partitions:
         if not informer.partitions_synced:
             # The first list is on its way; its events bring this NodeSet back.
             return Outcome(False, "SlurmNotReady", f"partition {name}: reading Slurm's partitions")
-        body: JSON = {
-            "name": name,
-            **config,
-            "nodes": {"configured": ",".join(registered_nodes(view))},
-        }
+        body: JSON = {"name": name, **config, "nodes": {"configured": ",".join(members(view))}}
         existing = informer.partitions.get(name)
         if existing is not None and claimed is None:
             return Outcome(
@@ -316,22 +348,19 @@ class Partitions:
                 f"NodeSet (no annotation {ANNOTATION_PARTITION}={name}); it is left alone. "
                 "Rename the NodeSet (or spec.partition.name) or remove that partition from Slurm",
             )
-        seen = (str(view.obj["metadata"]["uid"]), name)
+        uid = str(view.obj["metadata"]["uid"])
+        seen = (uid, name)
         if existing is not None:
             self._seen.add(seen)
-            if matches(body, existing.raw):
+            if matches(body, existing.raw) and not self._vanished(view, uid):
+                self._observed(uid, named_by(existing.nodes))
                 return Outcome(True, "PartitionReady", self._message(body))
         if claimed is None:
             await self._claim(ctx, view, name)
         try:
-            await view.conn.client.put_partition(body)
+            await self._put(view, body, existing)
         except errors.SlurmError as e:
-            if errors.ESLURM_INVALID_NODE_NAME in e.error_numbers:
-                # A node of the list left Slurm since the last poll (scale-in): look again.
-                informer.poke()
-                return Outcome(False, "NodesChanging", f"partition {name}: {e}; retrying")
             return Outcome(False, "PartitionRefused", f"Slurm refused partition {name}: {e}")
-        informer.poke(partitions=True)
         if existing is None:
             lost = seen in self._seen
             reason, what = (
@@ -352,6 +381,102 @@ class Partitions:
             )
             log.info("nodeset %s: Slurm partition %s %s", view.key, name, what)
         return Outcome(True, "PartitionReady", self._message(body))
+
+    async def _put(self, view: View, body: JSON, existing: Partition | None) -> None:
+        """Write the partition. Its node list names only nodes Slurm has: when Slurm says a
+        name is invalid (a node deleted since the informer's last poll), the list is
+        filtered by a live read of the nodes and written once more. Raises SlurmError."""
+        assert view.conn is not None
+        client = view.conn.client
+        try:
+            await client.put_partition(body)
+        except errors.SlurmError as e:
+            if errors.ESLURM_INVALID_NODE_NAME not in e.error_numbers:
+                raise
+            listed, _ = await client.list_nodes()
+            have = {n.name for n in listed or []}
+            nodes = [n for n in body["nodes"]["configured"].split(",") if n in have]
+            body = {**body, "nodes": {"configured": ",".join(nodes)}}
+            await client.put_partition(body)
+            view.conn.informer.poke()
+        uid = str(view.obj["metadata"]["uid"])
+        before = self._written.get(uid, frozenset())
+        if existing is not None:
+            before |= named_by(existing.nodes)
+        self._wrote(uid, before, named_by(body["nodes"]["configured"]))
+        view.conn.informer.poke(partitions=True)
+
+    def _wrote(self, uid: str, before: Iterable[str], now_in: set[str]) -> None:
+        at = time.monotonic()
+        left = {n: t for n, t in self._left.get(uid, {}).items() if at - t < FORGET_LEFT_S}
+        self._left[uid] = left
+        for node in set(before) - now_in:
+            left.setdefault(node, at)
+        for node in now_in:
+            left.pop(node, None)
+        self._written[uid] = frozenset(now_in)
+
+    def _observed(self, uid: str, shown: set[str]) -> None:
+        """Slurm shows the partition as we want it: what it lists is what we wrote (after a
+        restart of the operator, the first sight stands for the write)."""
+        if uid not in self._written:
+            self._written[uid] = frozenset(shown)
+
+    def _vanished(self, view: View, uid: str) -> bool:
+        """A node of our last write that Slurm no longer has (someone deleted it while it
+        was in the partition): slurmctld dropped it from the partition in memory, but its
+        saved partition state still names it until the partition is written again."""
+        written = self._written.get(uid)
+        if not written or view.conn is None:
+            return False
+        nodes = view.conn.informer.nodes
+        return any(n not in nodes for n in written)
+
+    def record_free_in(self, view: View, node: str) -> float | None:
+        """Seconds until the Slurm node `node` may be deleted, as far as the partition goes:
+        0 for a NodeSet without one of its own; None while the node is in it (our last
+        write, or Slurm's listing when this process has not written it yet); otherwise what
+        is left of `STATE_SAVE_S` since it left."""
+        name = self.claimed(view)
+        uid = str(view.obj["metadata"]["uid"])
+        now = time.monotonic()
+        if name is None or view.conn is None:
+            # No partition (any more): only one deleted a moment ago still counts.
+            since = self._left.get(uid, {}).get(node)
+            return 0.0 if since is None else max(0.0, since + STATE_SAVE_S - now)
+        written = self._written.get(uid)
+        if written is not None:
+            inside = node in written
+        else:
+            shown = view.conn.informer.partitions.get(name)
+            inside = shown is not None and node in named_by(shown.nodes)
+        if inside:
+            return None
+        since = self._left.setdefault(uid, {}).setdefault(node, now)
+        return max(0.0, since + STATE_SAVE_S - now)
+
+    async def release(self, view: View, names: set[str]) -> dict[str, float | None]:
+        """The pods `names` are about to go: take their nodes out of the NodeSet's partition
+        (one write of the nodes alone) if it still has them. Returns, by name, the seconds
+        until each Slurm node may be deleted (`record_free_in`; None: the write failed, it
+        is still in the partition)."""
+        view.leaving |= names
+        if self.claimed(view) is None or view.conn is None:
+            return dict.fromkeys(names, 0.0)
+        if any(self.record_free_in(view, n) is None for n in names):
+            name = str(self.claimed(view))
+            body: JSON = {"name": name, "nodes": {"configured": ",".join(members(view))}}
+            spec = view.spec.partition
+            if spec is not None and spec.enabled and not view.deleting:
+                # As the partition step writes it, so a partition Slurm lost comes back whole.
+                with contextlib.suppress(PartitionConfigError):
+                    body = {**parse_config(spec.config), **body}
+            try:
+                await self._put(view, body, view.conn.informer.partitions.get(name))
+            except errors.SlurmError as e:
+                log.info("nodeset %s: partition %s keeps %s for now: %s", view.key, name, names, e)
+                return dict.fromkeys(names, None)
+        return {n: self.record_free_in(view, n) for n in names}
 
     @staticmethod
     def _message(body: JSON) -> str:
@@ -375,6 +500,8 @@ class Partitions:
             return Outcome(
                 False, "PartitionDeleteFailed", f"partition {name} could not be deleted; retrying"
             )
+        uid = str(view.obj["metadata"]["uid"])
+        self._wrote(uid, self._written.pop(uid, frozenset()), set())
         meta = view.obj["metadata"]
         patch = {"metadata": {"annotations": {ANNOTATION_PARTITION: None}}}
         try:

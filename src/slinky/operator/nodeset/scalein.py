@@ -20,7 +20,12 @@ question "is this Slurm node drained?", and the deletion.
    (200 without the node, or Slurm's invalid-node error). Anything else — a bare HTTP 404,
    5xx, a refused token, a connection error, an informer that has not synced — is "not
    drained", and the pod stays.
-5. Delete: with the pod's UID as precondition, then (whenScaled: Delete) its PVCs.
+5. Out of the partition (`leave_partition`, NodeSets with their own Slurm partition only):
+   a pod's node is no longer written into the partition from its condemnation on; a drained
+   one is taken out of it now if still there, and its Slurm node is deleted by the operator
+   once it has been out for `partition.STATE_SAVE_S` (slurmctld must have saved the
+   partition without it first, or a kill -9 then leaves state it cannot start from).
+6. Delete: with the pod's UID as precondition, then (whenScaled: Delete) its PVCs.
 
 The same path removes pods for a rolling update (`update.py`) and when the NodeSet itself is
 deleted (`finalize`: every pod, reason `slurm-operator: nodeset deleted`, before the
@@ -74,6 +79,7 @@ DRAIN_DURATION = Histogram(
     ["namespace", "nodeset", "reason"],
     buckets=(1, 10, 60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 3 * 86400),
 )
+PARTITION_RETRY_S = 10.0  # the NodeSet's partition could not be written: try again
 LIST_INSTEAD_OF_GETS = 32  # above this many authoritative reads in one pass, list once
 FAR_FUTURE = dt.datetime.max.replace(tzinfo=dt.UTC)
 
@@ -150,6 +156,7 @@ class Drained(enum.Enum):
     NOT_DRAIN = "not drained"
     FOREIGN = "Slurm node belongs to another pod"
     UNKNOWN = "cannot ask Slurm"
+    PARTITION = "its Slurm node leaves the NodeSet's partition first"
 
     @property
     def safe(self) -> bool:
@@ -257,38 +264,92 @@ def drain_seconds(pod: JSON, now: dt.datetime) -> float:
         return 0.0
 
 
-async def remove_when_drained(
+async def removal_verdict(
+    ctx: Context, view: View, pod: JSON, reason: str, snapshot: Snapshot | None
+) -> Drained:
+    """Drain the pod's Slurm node and say whether the pod may go (an unscheduled pod never
+    ran a slurmd: nothing to drain)."""
+    if pods.node_name(pod) is None:
+        return Drained.ABSENT
+    return await drain_and_check(ctx, view, pod, reason, snapshot)
+
+
+async def leave_partition(
+    ctx: Context, view: View, pod_list: list[JSON], verdicts: list[Drained]
+) -> list[Drained]:
+    """Drained pods of a NodeSet with its own partition: their nodes leave the partition,
+    and once out of it long enough (`partition.STATE_SAVE_S`) the operator deletes each
+    Slurm node before its pod (the pod's preStop then finds none). Until then the pod
+    waits (`PARTITION`), its NodeSet looked at again when the wait ends."""
+    names = {pods.name(p) for p, v in zip(pod_list, verdicts, strict=True) if v is Drained.DRAINED}
+    partitions = ctx.partitions
+    if partitions is None or not names or view.conn is None:
+        return verdicts
+    owns = partitions.claimed(view) is not None
+    free_in = await partitions.release(view, names)
+    out = []
+    for pod, verdict in zip(pod_list, verdicts, strict=True):
+        name = pods.name(pod)
+        if name not in names:
+            out.append(verdict)
+            continue
+        wait = free_in.get(name)
+        if wait is None or wait > 0:
+            view.recheck.append(PARTITION_RETRY_S if wait is None else wait)
+            out.append(Drained.PARTITION)
+        elif owns:
+            out.append(await delete_slurm_node(ctx, view, name))
+        else:
+            out.append(verdict)
+    return out
+
+
+async def delete_slurm_node(ctx: Context, view: View, name: str) -> Drained:
+    """Delete a drained node's Slurm record (Slurm refuses while a job holds it)."""
+    assert view.conn is not None
+    try:
+        await view.conn.client.delete_node(name)
+    except errors.SlurmNotFound:
+        return Drained.ABSENT
+    except errors.SlurmError as e:
+        log.info("nodeset %s: Slurm node %s not deleted (%s); its pod waits", view.key, name, e)
+        return Drained.UNKNOWN
+    view.conn.informer.poke()
+    ctx.recorder.event(
+        view.obj,
+        events.NORMAL,
+        "SlurmNodeDeleted",
+        f"Slurm node {name} deleted (drained, and out of the NodeSet's partition); its pod "
+        "goes next",
+        action="Delete",
+    )
+    return Drained.DRAINED
+
+
+async def settle(
     ctx: Context,
     view: View,
     pod: JSON,
-    why: str,
-    reason: str,
+    verdict: Drained,
     *,
-    snapshot: Snapshot | None = None,
-    job_ends: JobEnds | None = None,
+    why: str,
+    job_ends: JobEnds,
 ) -> Drained:
-    """Condemn, drain, and delete once drained. Returns the drained verdict: unless `safe`,
-    the pod is still there and the caller waits."""
+    """Delete the pod when `verdict` is safe; otherwise condemn it (a restarted operator
+    resumes this removal instead of choosing anew)."""
     name = pods.name(pod)
-    if pods.condemned(pod) != why:
-        view.acted_on.add(name)  # its cached dict predates what this pass writes
-    scheduled = pods.node_name(pod) is not None
-    verdict = Drained.ABSENT  # an unscheduled pod never ran a slurmd: nothing to drain
-    if scheduled:
-        verdict = await drain_and_check(ctx, view, pod, reason, snapshot)
     if not verdict.safe:
-        # Condemned: a restarted operator resumes this removal instead of choosing anew.
         deadline = None
         # Only after Slurm answered about this node (not while it cannot be asked: the
         # deadline waits for a pass where it can, and costs that pass nothing).
         answered = verdict in (Drained.BUSY, Drained.NOT_DRAIN)
         if answered and pods.annotation(pod, ANNOTATION_DRAIN_DEADLINE) is None:
-            ends = job_ends or JobEnds(view.conn)
-            deadline = await ends.deadline(name, dt.datetime.now(dt.UTC))
+            deadline = await job_ends.deadline(name, dt.datetime.now(dt.UTC))
         changes = condemnation(pod, why, deadline)
         if changes:
             await ctx.podcontrol.patch_metadata(pod, annotations=changes)
         return verdict
+    scheduled = pods.node_name(pod) is not None
     if await ctx.podcontrol.delete_pod(view.exp_key, pod):
         because = "Slurm node drained" if scheduled else "never scheduled"
         ctx.recorder.event(
@@ -344,23 +405,25 @@ async def snapshot_for(view: View, pod_list: list[JSON]) -> Snapshot | None:
 async def remove_all(
     ctx: Context, view: View, pod_list: list[JSON], why: str, reason: str
 ) -> dict[str, Drained]:
-    """`remove_when_drained` for several pods, concurrently and bounded. Returns the verdicts
-    of the pods that still wait, by pod name."""
+    """Remove pods through the drain-before-delete path, concurrently and bounded: drain and
+    check each (`removal_verdict`), take the drained ones out of the NodeSet's partition
+    (`leave_partition`), then delete those that may go and condemn the others (`settle`).
+    Returns the verdicts of the pods that still wait, by pod name."""
     snapshot = await snapshot_for(view, pod_list)
+    for pod in pod_list:
+        if pods.condemned(pod) != why:
+            view.acted_on.add(pods.name(pod))  # its cached dict predates what this pass writes
+    view.leaving |= {pods.name(p) for p in pod_list}
+    verdicts = await bounded(
+        [functools.partial(removal_verdict, ctx, view, p, reason, snapshot) for p in pod_list],
+        SLURM_CALLS_IN_FLIGHT,
+    )
+    verdicts = await leave_partition(ctx, view, pod_list, verdicts)
     job_ends = JobEnds(view.conn)
     results = await bounded(
         [
-            functools.partial(
-                remove_when_drained,
-                ctx,
-                view,
-                p,
-                why,
-                reason,
-                snapshot=snapshot,
-                job_ends=job_ends,
-            )
-            for p in pod_list
+            functools.partial(settle, ctx, view, p, v, why=why, job_ends=job_ends)
+            for p, v in zip(pod_list, verdicts, strict=True)
         ],
         SLURM_CALLS_IN_FLIGHT,
     )

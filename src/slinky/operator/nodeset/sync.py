@@ -199,6 +199,7 @@ class NodeSetSync:
                 builder.DEFAULT_GRES_RESOURCES if gres_resources is None else gres_resources
             ),
             placement=placement_config or Placement(),
+            partitions=self.partitions,
         )
 
     # ------------------------------------------------------------ entry
@@ -301,6 +302,7 @@ class NodeSetSync:
             if not outcome.ok:
                 requeue.append(partition.RETRY_S)
         requeue += await status.write_status(self.ctx, view)
+        requeue += view.recheck
         return Result(requeue_after=min(requeue)) if requeue else DONE
 
     def demand_fast_polls(self, view: View) -> None:
@@ -434,6 +436,12 @@ class NodeSetSync:
         for cached in mirror.departed(view):
             assert view.conn is not None  # departed() found none without a connection
             name = cached.name
+            free_in = self.partitions.record_free_in(view, name)
+            if free_in is None or free_in > 0:
+                # Still in the NodeSet's partition (the partition step takes it out), or
+                # out of it too recently for slurmctld to have saved that.
+                view.recheck.append(partition.RETRY_S if free_in is None else free_in)
+                continue
             try:
                 node = await view.conn.client.get_node(name)
                 if mirror.outlived(node, view.namespace):
@@ -641,7 +649,7 @@ class NodeSetSync:
             return DONE
         message = await self.waiting_message(view, waiting)
         await status.write_status(self.ctx, view, deleting_message=message)
-        return Result(requeue_after=scalein.DRAIN_RECHECK_S)
+        return Result(requeue_after=min([scalein.DRAIN_RECHECK_S, *view.recheck]))
 
     async def waiting_message(self, view: View, waiting: dict[str, scalein.Drained]) -> str:
         """ "2 pods wait: cpu-0 (jobs 12, 13), cpu-1 (cannot ask Slurm)"."""

@@ -10,7 +10,7 @@ import functools
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from slinky.api.v1alpha1.nodeset import NodeSetSpec
 from slinky.kube import events, rest
@@ -22,6 +22,9 @@ from slinky.operator.nodeset import builder, pods
 from slinky.operator.nodeset.podcontrol import PodControl
 from slinky.slurm.models import Node
 from slinky.types import JSON
+
+if TYPE_CHECKING:
+    from slinky.operator.nodeset.partition import Partitions
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,9 @@ class Context:
     # last written per Slurm node: (body, when, accepted).
     placement: Placement = field(default_factory=Placement)
     placement_writes: dict[str, tuple[dict[str, Any], float, bool]] = field(default_factory=dict)
+    # The NodeSets' own Slurm partitions (`partition.Partitions`): a pod's node leaves the
+    # partition before its Slurm node is deleted. None: no NodeSet has one (unit tests).
+    partitions: Partitions | None = None
 
 
 @dataclass
@@ -90,6 +96,12 @@ class View:
     # dicts no longer say what was just written, so the mirror leaves them to the next pass
     # (it would otherwise undo a drain made a moment ago).
     acted_on: set[str] = field(default_factory=set)
+    # Set by the removal steps: pods this pass takes out (condemned or deleted); their nodes
+    # are no longer written into the NodeSet's partition (`partition.members`).
+    leaving: set[str] = field(default_factory=set)
+    # Set by the steps: seconds after which the NodeSet must be looked at again, when no
+    # event would come (a wait that ends on a clock).
+    recheck: list[float] = field(default_factory=list)
 
     @property
     def name(self) -> str:

@@ -1,0 +1,309 @@
+"""A NodeSet's own partition and the deletion of its Slurm nodes (soak seed 26: slurmctld
+could not start again, "Invalid node names in partition compute").
+
+slurmctld saves node and partition state in separate files, a few seconds after each change;
+a node deleted while the saved partition still names it leaves a state a restart refuses.
+So: a node leaves the partition first (at its condemnation), and its Slurm node is deleted
+only `STATE_SAVE_S` after that, by the operator, before the pod; a partition update names
+only nodes Slurm has; one that Slurm lost a node of is written again (so it is saved).
+
+Against a stand-in slurmrestd that answers as Slurm does (an update naming an unknown node
+is refused as a whole) and logs every write, with the monotonic clock moved by hand."""
+
+from __future__ import annotations
+
+import json
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import httpx2
+import pytest
+
+from slinky.api.schema import parse
+from slinky.api.v1alpha1.nodeset import NodeSetSpec
+from slinky.operator.clients import Connection
+from slinky.operator.nodeset import partition, scalein
+from slinky.operator.nodeset.builder import ANNOTATION_CONDEMNED
+from slinky.operator.nodeset.partition import ANNOTATION_PARTITION, Partitions, members
+from slinky.operator.nodeset.sync import NodeSetSync
+from slinky.operator.nodeset.view import View
+from slinky.slurm.client import SlurmClient
+from slinky.slurm.informer import SlurmInformer
+from slinky.slurm.models import Node, Partition
+from slinky.slurm.tokens import StaticToken
+from tests.unit.fake_http import MockTransport
+
+JSON = dict[str, Any]
+OPENAPI = {"paths": {"/slurm/v0.0.45/ping/": {}}}
+INVALID_NODE = {"errors": [{"error_number": 2018, "error": "Invalid node name specified"}]}
+
+
+def slurm_node(name: str, state: list[str], pod: str | None = None) -> JSON:
+    comment = json.dumps({"namespace": "ns", "podName": pod or name})
+    return {"name": name, "state": [*state, "DYNAMIC_NORM"], "comment": comment}
+
+
+class Slurm:
+    """slurmrestd's answers for nodes and one partition; `writes` logs what changed Slurm,
+    in order: ("partition", nodes), ("delete", node)."""
+
+    def __init__(self, nodes: list[JSON], part_nodes: str) -> None:
+        self.nodes = {n["name"]: n for n in nodes}
+        self.part_nodes = part_nodes
+        self.writes: list[tuple[str, str]] = []
+
+    def handler(self, req: httpx2.Request) -> httpx2.Response:
+        path = req.url.path
+        if path == "/openapi/v3":
+            return httpx2.Response(200, json=OPENAPI)
+        if path.endswith("/partitions/") and req.method == "POST":
+            (body,) = json.loads(req.content)["partitions"]
+            nodes = body["nodes"]["configured"]
+            if any(n not in self.nodes for n in nodes.split(",") if n):
+                return httpx2.Response(500, json=INVALID_NODE)
+            self.part_nodes = nodes
+            self.writes.append(("partition", nodes))
+            return httpx2.Response(200, json={})
+        if path.endswith("/nodes/"):
+            return httpx2.Response(200, json={"nodes": list(self.nodes.values())})
+        name = path.rstrip("/").rsplit("/", 1)[-1]
+        if req.method == "DELETE":
+            self.nodes.pop(name, None)
+            self.writes.append(("delete", name))
+            return httpx2.Response(200, json={})
+        if req.method == "POST":
+            return httpx2.Response(200, json={})
+        found = [self.nodes[name]] if name in self.nodes else []
+        return httpx2.Response(200, json={"nodes": found})
+
+
+class Clock:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.now = 1000.0
+        monkeypatch.setattr(time, "monotonic", lambda: self.now)
+
+
+class PodControl:
+    def __init__(self) -> None:
+        self.deleted: list[str] = []
+        self.slurm: Slurm | None = None
+
+    async def delete_pod(self, _exp: str, pod: JSON) -> bool:
+        self.deleted.append(pod["metadata"]["name"])
+        if self.slurm is not None:
+            self.slurm.writes.append(("pod", pod["metadata"]["name"]))
+        return True
+
+    async def patch_metadata(self, pod: JSON, *, annotations: JSON) -> None:
+        pod["metadata"].setdefault("annotations", {}).update(annotations)
+
+
+def a_pod(name: str, *, condemned: str | None = None) -> JSON:
+    annotations = {ANNOTATION_CONDEMNED: condemned} if condemned else {}
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"u-{name}",
+            "annotations": annotations,
+        },
+        "spec": {"nodeName": "k1"},
+    }
+
+
+class Bed:
+    def __init__(self, slurm: Slurm, pods: list[JSON], *, shown: str | None) -> None:
+        self.slurm = slurm
+        client = SlurmClient("http://slurm.test", StaticToken("t", user="u"), retries=1)
+        client.http = MockTransport(client.url, slurm.handler)
+        informer = SlurmInformer(client)
+        informer._synced.set()
+        informer.stale = False
+        informer._last_poll_done = time.monotonic()
+        informer.partitions_synced = True
+        self.informer = informer
+        self.show_nodes(shown)
+        self.conn = Connection("ns/slurm", "cuid", client.url, client, informer, "fp")
+        self.pods = {p["metadata"]["name"]: p for p in pods}
+        self.partitions = Partitions()
+        self.podcontrol = PodControl()
+        self.podcontrol.slurm = slurm
+        self.events: list[str] = []
+        self.ctx: Any = SimpleNamespace(
+            podcontrol=self.podcontrol,
+            recorder=SimpleNamespace(
+                event=lambda _o, _t, reason, *_a, **_k: self.events.append(reason)
+            ),
+            partitions=self.partitions,
+        )
+
+    def show_nodes(self, shown: str | None) -> None:
+        """What the informer last polled: Slurm's nodes and the partition."""
+        self.informer.nodes = {n: Node.parse(raw) for n, raw in self.slurm.nodes.items()}
+        self.informer.partitions = (
+            {}
+            if shown is None
+            else {"cpu": Partition.parse({"name": "cpu", "nodes": {"configured": shown}})}
+        )
+
+    def view(self) -> View:
+        obj = {
+            "metadata": {
+                "name": "cpu",
+                "namespace": "ns",
+                "uid": "nsuid",
+                "annotations": {ANNOTATION_PARTITION: "cpu"},
+            },
+            "spec": {},
+        }
+        spec = parse(
+            NodeSetSpec,
+            {
+                "clusterName": "slurm",
+                "selector": {},
+                "template": {},
+                "partition": {"enabled": True},
+            },
+            "spec",
+        )
+        active = {n: p for n, p in self.pods.items() if n not in self.podcontrol.deleted}
+        return View(obj, spec, "ns/cpu", "ns/cpu/nsuid", "rev", None, self.conn, active, {})
+
+
+def idle_drained_bed(monkeypatch: pytest.MonkeyPatch) -> tuple[Bed, Clock]:
+    clock = Clock(monkeypatch)
+    slurm = Slurm(
+        [slurm_node("cpu-0", ["IDLE"]), slurm_node("cpu-1", ["IDLE", "DRAIN"])], "cpu-[0-1]"
+    )
+    return Bed(slurm, [a_pod("cpu-0"), a_pod("cpu-1")], shown="cpu-[0-1]"), clock
+
+
+def test_the_partition_lists_registered_pods_that_stay() -> None:
+    slurm = Slurm(
+        [slurm_node(n, ["IDLE"]) for n in ("cpu-0", "cpu-1", "cpu-2", "cpu-3")], "cpu-[0-3]"
+    )
+    pods = [a_pod("cpu-0"), a_pod("cpu-1", condemned="scale-in"), a_pod("cpu-2"), a_pod("cpu-4")]
+    bed = Bed(slurm, pods, shown="cpu-[0-3]")
+    view = bed.view()
+    view.leaving.add("cpu-2")
+    view.terminating["cpu-3"] = a_pod("cpu-3")
+    # cpu-1 condemned, cpu-2 taken out now, cpu-3 terminating, cpu-4 never registered.
+    assert members(view) == ["cpu-0"]
+
+
+async def test_a_drained_pod_leaves_the_partition_then_its_node_then_the_pod_goes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bed, clock = idle_drained_bed(monkeypatch)
+    view = bed.view()
+    waiting = await scalein.remove_all(bed.ctx, view, [bed.pods["cpu-1"]], "scale-in", "r")
+    # Out of the partition at once; the node and the pod wait for slurmctld's save.
+    assert waiting == {"cpu-1": scalein.Drained.PARTITION}
+    assert bed.slurm.writes == [("partition", "cpu-0")]
+    assert view.recheck == [partition.STATE_SAVE_S]
+    assert bed.pods["cpu-1"]["metadata"]["annotations"][ANNOTATION_CONDEMNED] == "scale-in"
+
+    clock.now += partition.STATE_SAVE_S - 1
+    bed.show_nodes("cpu-0")
+    view = bed.view()
+    assert await scalein.remove_all(bed.ctx, view, [bed.pods["cpu-1"]], "scale-in", "r")
+    assert bed.slurm.writes == [("partition", "cpu-0")]
+    assert view.recheck == [1.0]
+
+    clock.now += 1
+    view = bed.view()
+    assert await scalein.remove_all(bed.ctx, view, [bed.pods["cpu-1"]], "scale-in", "r") == {}
+    assert bed.slurm.writes == [("partition", "cpu-0"), ("delete", "cpu-1"), ("pod", "cpu-1")]
+    assert "SlurmNodeDeleted" in bed.events and "Deleted" in bed.events
+
+
+async def test_a_partition_that_cannot_be_written_keeps_the_pod(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bed, clock = idle_drained_bed(monkeypatch)
+    refuse = bed.slurm.handler
+
+    def down(req: httpx2.Request) -> httpx2.Response:
+        if req.url.path.endswith("/partitions/"):
+            return httpx2.Response(503, json={})
+        return refuse(req)
+
+    bed.slurm.handler = down  # type: ignore[method-assign]
+    bed.conn.client.http = MockTransport(bed.conn.client.url, down)
+    for _ in range(3):
+        view = bed.view()
+        waiting = await scalein.remove_all(bed.ctx, view, [bed.pods["cpu-1"]], "scale-in", "r")
+        assert waiting == {"cpu-1": scalein.Drained.PARTITION}
+        assert view.recheck == [scalein.PARTITION_RETRY_S]
+        clock.now += 60
+    assert bed.slurm.writes == [] and bed.podcontrol.deleted == []
+
+
+async def test_after_an_operator_restart_the_wait_starts_when_it_sees_the_node_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    bed, clock = idle_drained_bed(monkeypatch)
+    bed.show_nodes("cpu-0")  # taken out by the operator before its restart
+    view = bed.view()
+    assert await scalein.remove_all(bed.ctx, view, [bed.pods["cpu-1"]], "scale-in", "r")
+    assert bed.slurm.writes == [] and view.recheck == [partition.STATE_SAVE_S]
+    clock.now += partition.STATE_SAVE_S
+    assert await scalein.remove_all(bed.ctx, bed.view(), [bed.pods["cpu-1"]], "scale-in", "r") == {}
+    assert bed.slurm.writes == [("delete", "cpu-1"), ("pod", "cpu-1")]
+
+
+async def test_without_a_partition_of_its_own_the_pod_goes_at_once() -> None:
+    slurm = Slurm([slurm_node("cpu-0", ["IDLE", "DRAIN"])], "")
+    bed = Bed(slurm, [a_pod("cpu-0")], shown=None)
+    view = bed.view()
+    view.obj["metadata"]["annotations"] = {}
+    assert await scalein.remove_all(bed.ctx, view, [bed.pods["cpu-0"]], "scale-in", "r") == {}
+    assert slurm.writes == [("pod", "cpu-0")]  # the pod's preStop deletes the Slurm node
+
+
+async def test_a_write_naming_a_node_slurm_lost_is_filtered_by_a_live_read() -> None:
+    # The informer still shows cpu-1, which someone deleted since its poll.
+    slurm = Slurm([slurm_node("cpu-0", ["IDLE"]), slurm_node("cpu-1", ["IDLE"])], "cpu-0")
+    bed = Bed(slurm, [a_pod("cpu-0"), a_pod("cpu-1")], shown="cpu-0")
+    del slurm.nodes["cpu-1"]
+    outcome = await bed.partitions.sync(bed.ctx, bed.view())
+    assert outcome is not None and outcome.ok, outcome
+    assert slurm.writes == [("partition", "cpu-0")]
+
+
+async def test_a_node_deleted_by_someone_else_makes_the_partition_written_again() -> None:
+    # Slurm dropped cpu-1 from the partition in memory when it was deleted, but the saved
+    # partition still names it until the partition is written again.
+    slurm = Slurm([slurm_node("cpu-0", ["IDLE"]), slurm_node("cpu-1", ["IDLE"])], "cpu-[0-1]")
+    bed = Bed(slurm, [a_pod("cpu-0"), a_pod("cpu-1")], shown="cpu-[0-1]")
+    await bed.partitions.sync(bed.ctx, bed.view())
+    assert slurm.writes == []  # as wanted: nothing sent
+    del slurm.nodes["cpu-1"]
+    bed.pods.pop("cpu-1")
+    bed.show_nodes("cpu-0")
+    await bed.partitions.sync(bed.ctx, bed.view())
+    assert slurm.writes == [("partition", "cpu-0")]
+    await bed.partitions.sync(bed.ctx, bed.view())
+    assert slurm.writes == [("partition", "cpu-0")]  # once
+
+
+async def test_a_departed_node_is_deleted_only_once_out_of_the_partition_long_enough(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`kubectl delete pod`: its preStop waited for the node to leave the partition in vain
+    (DOWN, its reason) and the pod is gone."""
+    clock = Clock(monkeypatch)
+    down = {**slurm_node("cpu-1", ["DOWN", "DRAIN"]), "reason": "slurm-operator: pod terminating"}
+    slurm = Slurm([slurm_node("cpu-0", ["IDLE"]), down], "cpu-[0-1]")
+    bed = Bed(slurm, [a_pod("cpu-0")], shown="cpu-[0-1]")
+    sync = NodeSetSync.__new__(NodeSetSync)
+    sync.partitions = bed.partitions
+    sync.ctx = bed.ctx
+    await bed.partitions.sync(bed.ctx, bed.view())  # writes the partition without cpu-1
+    view = bed.view()
+    await sync.forget_departed(view)
+    assert slurm.writes == [("partition", "cpu-0")] and view.recheck == [partition.STATE_SAVE_S]
+    clock.now += partition.STATE_SAVE_S
+    await sync.forget_departed(bed.view())
+    assert slurm.writes == [("partition", "cpu-0"), ("delete", "cpu-1")]
