@@ -287,20 +287,21 @@ async def leave_partition(
         return verdicts
     owns = partitions.claimed(view) is not None
     free_in = await partitions.release(view, names)
-    out = []
-    for pod, verdict in zip(pod_list, verdicts, strict=True):
+    out = list(verdicts)
+    deletes: dict[int, Callable[[], Awaitable[Drained]]] = {}
+    for i, pod in enumerate(pod_list):
         name = pods.name(pod)
         if name not in names:
-            out.append(verdict)
             continue
         wait = free_in.get(name)
         if wait is None or wait > 0:
             view.recheck.append(PARTITION_RETRY_S if wait is None else wait)
-            out.append(Drained.PARTITION)
+            out[i] = Drained.PARTITION
         elif owns:
-            out.append(await delete_slurm_node(ctx, view, name))
-        else:
-            out.append(verdict)
+            deletes[i] = functools.partial(delete_slurm_node, ctx, view, name)
+    deleted = await bounded(list(deletes.values()), SLURM_CALLS_IN_FLIGHT)
+    for i, verdict in zip(deletes, deleted, strict=True):
+        out[i] = verdict
     return out
 
 
@@ -313,7 +314,7 @@ async def delete_slurm_node(ctx: Context, view: View, name: str) -> Drained:
         return Drained.ABSENT
     except errors.SlurmError as e:
         log.info("nodeset %s: Slurm node %s not deleted (%s); its pod waits", view.key, name, e)
-        return Drained.UNKNOWN
+        return Drained.BUSY if isinstance(e, errors.SlurmNodeBusy) else Drained.UNKNOWN
     view.conn.informer.poke()
     ctx.recorder.event(
         view.obj,
