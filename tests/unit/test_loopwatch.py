@@ -80,3 +80,18 @@ async def test_with_json_logs_the_error_line_is_a_json_record(tmp_path: Path) ->
     record = json.loads(out.read_text().splitlines()[0])
     assert record["level"] == "error" and record["logger"] == "slinky.loopwatch"
     assert record["msg"].startswith("the event loop has been blocked for")
+
+
+def test_json_log_times_are_utc_whatever_the_hosts_zone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The `Z` of `ts` is true on a host that is not on UTC too."""
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        record = logging.LogRecord("x", logging.INFO, __file__, 1, "hello", (), None)
+        record.created = 1796140800.25  # 2026-12-01T16:00:00.250Z
+        record.msecs = 250.0
+        line = json.loads(logs.formatter("json").format(record))
+        assert line["ts"] == "2026-12-01T16:00:00.250Z"
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
