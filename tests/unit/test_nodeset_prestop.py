@@ -104,3 +104,14 @@ def test_a_node_still_in_the_partition_or_slurm_unreachable_is_never_deleted(
     calls = run(tmp_path, plan, partition="cpu")
     assert not any("delete" in c for c in calls), calls
     assert calls.count("sleep 1") == builder.PRESTOP_PARTITION_WAIT_S
+
+
+def test_a_node_put_back_into_the_partition_meanwhile_waits_again(tmp_path: Path) -> None:
+    # Out at the first look, back in after the wait for slurmctld's save (a pod informer
+    # that lagged), then out again: the wait starts over before the delete.
+    drained, out = shown("IDLE+DRAIN"), shown("DOWN+DRAIN", "all")
+    inside = shown("DOWN+DRAIN", "all,cpu")
+    plan = [drained, drained, drained, out, inside, inside, out, out]
+    calls = run(tmp_path, plan, partition="cpu")
+    save = f"sleep {builder.STATE_SAVE_S:.0f}"
+    assert calls[1:] == [save, "sleep 1", save, "scontrol delete nodename=cpu-0"], calls

@@ -137,6 +137,9 @@ class SlurmInformer(BackgroundLoop):
         self._partition_wants: set[str] = set()
         self.jobs_synced = False  # the job cache reflects a poll made while jobs were wanted
         self.partitions_synced = False  # likewise for partitions
+        # Monotonic time the last partition list was asked for: it shows every write made
+        # before then.
+        self.partitions_read_at = 0.0
         self._last_poll_done = 0.0  # monotonic end of the last successful node poll
         self._last_jobs_done = 0.0  # and of jobs
         self._rounds_started = 0
@@ -438,6 +441,7 @@ class SlurmInformer(BackgroundLoop):
                 self._diff_partitions(part_list)
             self._partition_update = part_last or self._partition_update
             self.partitions_synced = self.polling_partitions
+            self.partitions_read_at = now
         elif changed and self.polling_partitions:
             # slurmctld changed something (or restarted: every delta comes back then):
             # whether our partitions are still there is worth one more small request.

@@ -57,6 +57,8 @@ PRESTOP_REASON = f"{REASON_PREFIX}pod terminating"
 # The slurmd container's variable naming the NodeSet's own Slurm partition (pre_stop), and
 # how long slurmctld needs to save the partition without a node (see `partition`).
 ENV_PARTITION = "SLINKY_PARTITION"
+# On a NodeSet: the Slurm partition it made (written before the partition is created).
+ANNOTATION_PARTITION = "nodeset.slinky.slurm.net/partition"
 STATE_SAVE_S = 10.0
 PRESTOP_PARTITION_WAIT_S = 60
 
@@ -222,12 +224,24 @@ def pre_stop() -> JSON:
         'while :; do case "$(state)" in '
         "*ALLOCATED*|*MIXED*|*COMPLETING*) sleep 1;; *) break;; esac; done; "
         f'scontrol update nodename="$HOSTNAME" state=DOWN {reason} || true; '
-        f'if [ -n "${{{ENV_PARTITION}:-}}" ]; then n=0; '
+        # Out of the partition, then long enough for slurmctld to save it so, and still out.
+        f'if [ -n "${{{ENV_PARTITION}:-}}" ]; then n=0; while :; do '
         f'while inside; do n=$((n+1)); [ "$n" -gt {PRESTOP_PARTITION_WAIT_S} ] && exit 0; '
-        f"sleep 1; done; sleep {STATE_SAVE_S:.0f}; fi; "
+        f"sleep 1; done; sleep {STATE_SAVE_S:.0f}; inside || break; done; fi; "
         'scontrol delete nodename="$HOSTNAME" || true'
     )
     return {"exec": {"command": ["/bin/sh", "-c", script]}}
+
+
+def partition_of(nodeset_obj: JSON, spec: NodeSetSpec) -> str | None:
+    """The NodeSet's own Slurm partition: the one it made (its annotation), else the one
+    `spec.partition` asks for."""
+    made = (nodeset_obj["metadata"].get("annotations") or {}).get(ANNOTATION_PARTITION)
+    if made:
+        return str(made)
+    if spec.partition is None or not spec.partition.enabled:
+        return None
+    return spec.partition.name or str(nodeset_obj["metadata"]["name"])
 
 
 def build_pod(
@@ -277,9 +291,9 @@ def build_pod(
         )
         lifecycle = c.setdefault("lifecycle", {})
         lifecycle.setdefault("preStop", pre_stop())
-        if spec.partition is not None and spec.partition.enabled:
+        if part := partition_of(nodeset_obj, spec):
             env = [e for e in c.get("env") or [] if e.get("name") != ENV_PARTITION]
-            c["env"] = [*env, {"name": ENV_PARTITION, "value": spec.partition.name or name}]
+            c["env"] = [*env, {"name": ENV_PARTITION, "value": part}]
     pspec["containers"] = containers
 
     volumes = list(pspec.get("volumes") or [])

@@ -43,7 +43,6 @@ Problems are reported on the NodeSet condition `PartitionReady`; nothing is dele
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 import time
@@ -61,7 +60,7 @@ from slinky.types import JSON
 
 log = logging.getLogger(__name__)
 
-ANNOTATION_PARTITION = "nodeset.slinky.slurm.net/partition"
+ANNOTATION_PARTITION = builder.ANNOTATION_PARTITION
 ANNOTATION_SKIP_DRAIN = "nodeset.slinky.slurm.net/delete-without-drain"
 # Pending jobs a deleted NodeSet does not wait for: they would not start soon, if ever.
 NOT_RUNNING_SOON = frozenset(
@@ -302,6 +301,7 @@ class Partitions:
         # never wrote).
         self._written: dict[str, frozenset[str]] = {}
         self._left: dict[str, dict[str, float]] = {}
+        self._wrote_at: dict[str, float] = {}  # monotonic, of that last write
 
     def claimed(self, view: View) -> str | None:
         return claimed_by(view.obj)
@@ -398,7 +398,7 @@ class Partitions:
             nodes = [n for n in body["nodes"]["configured"].split(",") if n in have]
             body = {**body, "nodes": {"configured": ",".join(nodes)}}
             await client.put_partition(body)
-            view.conn.informer.poke()
+            view.conn.informer.poke(full=True)  # a delta poll does not show a deleted node
         uid = str(view.obj["metadata"]["uid"])
         before = self._written.get(uid, frozenset())
         if existing is not None:
@@ -407,20 +407,28 @@ class Partitions:
         view.conn.informer.poke(partitions=True)
 
     def _wrote(self, uid: str, before: Iterable[str], now_in: set[str]) -> None:
+        """Our write of the partition with `now_in` was accepted; `before` is what it named
+        until then (our last write, and what Slurm listed): those not in it left now."""
         at = time.monotonic()
         left = {n: t for n, t in self._left.get(uid, {}).items() if at - t < FORGET_LEFT_S}
         self._left[uid] = left
         for node in set(before) - now_in:
-            left.setdefault(node, at)
+            left[node] = at
         for node in now_in:
             left.pop(node, None)
         self._written[uid] = frozenset(now_in)
+        self._wrote_at[uid] = at
 
     def _observed(self, uid: str, shown: set[str]) -> None:
         """Slurm shows the partition as we want it: what it lists is what we wrote (after a
         restart of the operator, the first sight stands for the write)."""
         if uid not in self._written:
             self._written[uid] = frozenset(shown)
+
+    def forget(self, uid: str) -> None:
+        """The NodeSet is gone, its partition deleted: nothing more to remember."""
+        for book in (self._written, self._left, self._wrote_at):
+            book.pop(uid, None)
 
     def _vanished(self, view: View, uid: str) -> bool:
         """A node of our last write that Slurm no longer has (someone deleted it while it
@@ -434,9 +442,10 @@ class Partitions:
 
     def record_free_in(self, view: View, node: str) -> float | None:
         """Seconds until the Slurm node `node` may be deleted, as far as the partition goes:
-        0 for a NodeSet without one of its own; None while the node is in it (our last
-        write, or Slurm's listing when this process has not written it yet); otherwise what
-        is left of `STATE_SAVE_S` since it left."""
+        0 for a NodeSet without one of its own; None while the node may be in it (our last
+        write names it, or Slurm's listing does, or neither is known yet: after a restart,
+        before the first partition list); otherwise what is left of `STATE_SAVE_S` since
+        it left (since it was first seen out, for one this process did not take out)."""
         name = self.claimed(view)
         uid = str(view.obj["metadata"]["uid"])
         now = time.monotonic()
@@ -444,39 +453,63 @@ class Partitions:
             # No partition (any more): only one deleted a moment ago still counts.
             since = self._left.get(uid, {}).get(node)
             return 0.0 if since is None else max(0.0, since + STATE_SAVE_S - now)
+        informer = view.conn.informer
+        informer.want_partitions(view.key, True)  # also while deleting or renamed
         written = self._written.get(uid)
-        if written is not None:
-            inside = node in written
-        else:
-            shown = view.conn.informer.partitions.get(name)
-            inside = shown is not None and node in named_by(shown.nodes)
-        if inside:
+        shown: set[str] | None = None
+        if informer.partitions_synced:
+            listed = informer.partitions.get(name)
+            shown = named_by(listed.nodes) if listed is not None else set()
+        if written is None and shown is None:
+            return None  # cannot tell yet: the first list is on its way
+        in_written = written is not None and node in written
+        # Slurm's listing, unless it was asked for before our last write.
+        current = written is None or informer.partitions_read_at > self._wrote_at.get(uid, 0.0)
+        in_shown = shown is not None and node in shown and current
+        if in_written or in_shown:
+            if not in_written:
+                # Put back since our write (by an admin, or a slurmctld restarted from older
+                # state): its wait starts again once it is out.
+                self._left.get(uid, {}).pop(node, None)
             return None
         since = self._left.setdefault(uid, {}).setdefault(node, now)
         return max(0.0, since + STATE_SAVE_S - now)
 
     async def release(self, view: View, names: set[str]) -> dict[str, float | None]:
-        """The pods `names` are about to go: take their nodes out of the NodeSet's partition
-        (one write of the nodes alone) if it still has them. Returns, by name, the seconds
-        until each Slurm node may be deleted (`record_free_in`; None: the write failed, it
-        is still in the partition)."""
+        """The nodes `names` are about to go (their pods drained, or gone): take them out of
+        the NodeSet's partition (one write) if it may still have them. Returns, by name, the
+        seconds until each Slurm node may be deleted (`record_free_in`; None: still in the
+        partition, as the write failed)."""
         view.leaving |= names
         if self.claimed(view) is None or view.conn is None:
-            return dict.fromkeys(names, 0.0)
+            return {n: self.record_free_in(view, n) for n in names}
         if any(self.record_free_in(view, n) is None for n in names):
             name = str(self.claimed(view))
+            existing = view.conn.informer.partitions.get(name)
             body: JSON = {"name": name, "nodes": {"configured": ",".join(members(view))}}
-            spec = view.spec.partition
-            if spec is not None and spec.enabled and not view.deleting:
-                # As the partition step writes it, so a partition Slurm lost comes back whole.
-                with contextlib.suppress(PartitionConfigError):
-                    body = {**parse_config(spec.config), **body}
             try:
-                await self._put(view, body, view.conn.informer.partitions.get(name))
+                await self._put(view, self._whole(view, body, existing), existing)
             except errors.SlurmError as e:
-                log.info("nodeset %s: partition %s keeps %s for now: %s", view.key, name, names, e)
-                return dict.fromkeys(names, None)
+                try:  # the options may be what Slurm refuses: the nodes alone
+                    await self._put(view, body, existing)
+                except errors.SlurmError:
+                    log.info(
+                        "nodeset %s: partition %s keeps %s for now: %s", view.key, name, names, e
+                    )
+                    return dict.fromkeys(names, None)
         return {n: self.record_free_in(view, n) for n in names}
+
+    @staticmethod
+    def _whole(view: View, body: JSON, existing: Partition | None) -> JSON:
+        """`body` with the partition's options when Slurm may not have it (lost, or not read
+        yet), so that a partition Slurm lost comes back as the partition step makes it."""
+        spec = view.spec.partition
+        if existing is not None or spec is None or not spec.enabled or view.deleting:
+            return body
+        try:
+            return {**parse_config(spec.config), **body}
+        except PartitionConfigError:
+            return body
 
     @staticmethod
     def _message(body: JSON) -> str:
@@ -501,7 +534,9 @@ class Partitions:
                 False, "PartitionDeleteFailed", f"partition {name} could not be deleted; retrying"
             )
         uid = str(view.obj["metadata"]["uid"])
-        self._wrote(uid, self._written.pop(uid, frozenset()), set())
+        shown = view.conn.informer.partitions.get(name) if view.conn is not None else None
+        before = self._written.get(uid, frozenset()) | named_by(shown.nodes if shown else "")
+        self._wrote(uid, before, set())
         meta = view.obj["metadata"]
         patch = {"metadata": {"annotations": {ANNOTATION_PARTITION: None}}}
         try:
@@ -576,6 +611,7 @@ class Partitions:
         try:
             await view.conn.client.delete_partition(name)
         except errors.SlurmNotFound:
+            self.forget(str(view.obj["metadata"]["uid"]))
             return True
         except errors.SlurmError as e:
             log.warning("nodeset %s: deleting partition %s failed: %s", view.key, name, e)
@@ -587,4 +623,5 @@ class Partitions:
             view.obj, events.NORMAL, "PartitionDeleted", f"Slurm partition {name} deleted"
         )
         log.info("nodeset %s: Slurm partition %s deleted", view.key, name)
+        self.forget(str(view.obj["metadata"]["uid"]))
         return True

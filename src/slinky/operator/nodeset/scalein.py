@@ -47,7 +47,7 @@ from prometheus_client import Histogram
 
 from slinky.kube import conditions, events, rest
 from slinky.operator.clients import Connection
-from slinky.operator.nodeset import pods, slurmcontrol
+from slinky.operator.nodeset import partition, pods, slurmcontrol
 from slinky.operator.nodeset.builder import (
     ANNOTATION_CONDEMNED,
     ANNOTATION_CONDEMNED_AT,
@@ -79,7 +79,6 @@ DRAIN_DURATION = Histogram(
     ["namespace", "nodeset", "reason"],
     buckets=(1, 10, 60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 3 * 86400),
 )
-PARTITION_RETRY_S = 10.0  # the NodeSet's partition could not be written: try again
 LIST_INSTEAD_OF_GETS = 32  # above this many authoritative reads in one pass, list once
 FAR_FUTURE = dt.datetime.max.replace(tzinfo=dt.UTC)
 
@@ -295,7 +294,7 @@ async def leave_partition(
             continue
         wait = free_in.get(name)
         if wait is None or wait > 0:
-            view.recheck.append(PARTITION_RETRY_S if wait is None else wait)
+            view.recheck.append(partition.RETRY_S if wait is None else wait)
             out[i] = Drained.PARTITION
         elif owns:
             deletes[i] = functools.partial(delete_slurm_node, ctx, view, name)

@@ -433,18 +433,20 @@ class NodeSetSync:
         fresh read confirms it (`mirror.outlived`; Slurm itself refuses to delete a node with
         jobs); one whose ended jobs wait COMPLETING on the gone slurmd is set DOWN first
         (`mirror.only_completing`). A pod of that name made later registers anew."""
-        for cached in mirror.departed(view):
+        departed = mirror.departed(view)
+        if not departed:
+            return
+        # Out of the NodeSet's partition first, and deleted once slurmctld saved that.
+        free_in = await self.partitions.release(view, {n.name for n in departed})
+        for cached in departed:
             assert view.conn is not None  # departed() found none without a connection
             name = cached.name
-            free_in = self.partitions.record_free_in(view, name)
-            if free_in is None or free_in > 0:
-                # Still in the NodeSet's partition (the partition step takes it out), or
-                # out of it too recently for slurmctld to have saved that.
-                view.recheck.append(partition.RETRY_S if free_in is None else free_in)
-                continue
             try:
                 node = await view.conn.client.get_node(name)
                 if mirror.outlived(node, view.namespace):
+                    if (wait := free_in[name]) is None or wait > 0:
+                        view.recheck.append(partition.RETRY_S if wait is None else wait)
+                        continue
                     await view.conn.client.delete_node(name)
                     reason, action, done = "SlurmNodeDeleted", "Delete", "deleted"
                 elif mirror.only_completing(node, view.namespace):
@@ -635,6 +637,15 @@ class NodeSetSync:
         if view.slurm_ready and self.ctx.expectations.satisfied(view.exp_key):
             # The pods that wait keep showing their Slurm node (and the busy label).
             await mirror.mirror_slurm(self.ctx, view)
+        if not waiting and view.slurm_ready:
+            await self.forget_departed(view)  # the nodes of pods deleted by hand meanwhile
+            if view.recheck:
+                message = (
+                    "every pod is gone; the Slurm nodes of pods deleted by hand leave the "
+                    "partition before they are deleted"
+                )
+                await status.write_status(self.ctx, view, deleting_message=message)
+                return Result(requeue_after=min(view.recheck))
         if not waiting and not await self.partitions.delete(self.ctx, view):
             message = (
                 f"every pod is gone; Slurm partition {partition.partition_name(view)} could "
