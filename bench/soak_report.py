@@ -13,6 +13,7 @@ Those are named apart, each with its evidence; nothing is left out of the counts
 
 from __future__ import annotations
 
+import itertools
 import re
 import time
 from collections import Counter
@@ -168,11 +169,13 @@ def judge_job(soak: Soak, job: TrackedJob, slurm_log: dict[int, list[str]]) -> V
         reason = job.last.state_reason if job.last else ""
         ran = (job.running_since or job.submitted_at) - 5
         kills = [t for t in soak.slurmctld_kills if ran <= t]
-        if kills and "launch failed" in reason:
+        relaunched = allocated_across_kill(slurm_log.get(job.job_id, []), soak.slurmctld_kills)
+        if (kills and "launch failed" in reason) or relaunched is not None:
+            at = kills[0] if relaunched is None else relaunched
             return Verdict(
                 key,
                 SLURM,
-                f"held ({reason}) after slurmctld was killed -9 at {soak.rel(kills[0])}: "
+                f"held ({reason}) after slurmctld was killed -9 at {soak.rel(at)}: "
                 "a launch slurmctld had not saved, then a second launch of the same job",
                 evidence,
             )
@@ -300,12 +303,31 @@ def judge_pod(
     return Verdict(key, POD_BAD, f"{pod.phase or 'unknown'} at the end", evidence)
 
 
+def stamp_of(line: str) -> float | None:
+    if not line.startswith("[") or "]" not in line:
+        return None
+    return datetime.fromisoformat(line[1 : line.index("]")]).timestamp()
+
+
+def allocated_across_kill(lines: list[str], kills: list[float]) -> float | None:
+    """The slurmctld kill -9 between two allocations of the job, followed by its requeue:
+    the first launch was not saved, the restored slurmctld allocated the job again and
+    found it running on the node ("Duplicate jobid on nodes ..., set to state DRAIN"), and
+    requeued it (held). None when the log does not show that."""
+    allocations = [t for ln in lines if "sched: Allocate JobId=" in ln and (t := stamp_of(ln))]
+    requeues = [t for ln in lines if "Requeuing JobId=" in ln and (t := stamp_of(ln))]
+    for first, second in itertools.pairwise(allocations):
+        between = [k for k in kills if first <= k <= second]
+        if between and any(r >= second for r in requeues):
+            return between[0]
+    return None
+
+
 def completed_in_log(lines: list[str]) -> float | None:
     """When slurmctld logged the job's batch script as ended with status 0, if it did."""
     for line in lines:
-        if "_job_complete:" in line and "WEXITSTATUS 0" in line and line.startswith("["):
-            stamp = line[1 : line.index("]")]
-            return datetime.fromisoformat(stamp).timestamp()
+        if "_job_complete:" in line and "WEXITSTATUS 0" in line and (t := stamp_of(line)):
+            return t
     return None
 
 

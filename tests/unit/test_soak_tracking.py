@@ -159,3 +159,35 @@ def test_times_in_the_soak_log_round_to_a_valid_minute_and_second(tmp_path: Path
     assert s.rel(1000.0 + 6 * 60 + 59.97) == "+07:00.0"  # printed "+06:60.0"
     assert s.rel(1000.0 + 6 * 60 + 59.94) == "+06:59.9"
     assert s.rel(999.0) == "+00:00.0"
+
+
+def test_a_job_launched_twice_across_a_slurmctld_kill_and_held_is_slurms(
+    tmp_path: Path,
+) -> None:
+    """Soak seed 1 (30 minutes): jobs 126 and 132 were allocated batch-0 and launched;
+    slurmctld was killed -9 a second later, before it saved that, came back with them
+    PENDING, allocated them batch-0 again, found them running there ("Duplicate jobid on
+    nodes batch-0, set to state DRAIN") and requeued them held (JobHeldUser)."""
+    from bench.soak_report import KILLED, SLURM, judge_job
+
+    s = soak(tmp_path)
+    allocated = datetime(2026, 12, 1, 21, 8, 15).timestamp()
+    job = TrackedJob(126, "soak-b77", "batch", 1, 26, allocated - 300)
+    job.states = [(allocated, "RUNNING"), (allocated + 7, "PENDING")]
+    job.last = Job.parse(
+        {"job_id": 126, "name": "soak-b77", "job_state": ["PENDING"], "state_reason": "JobHeldUser"}
+    )
+    log = {
+        126: [
+            "[2026-12-01T21:08:15.000] sched: Allocate JobId=126 NodeList=batch-0 #CPUs=1",
+            "[2026-12-01T21:08:17.839] Recovered JobId=126 Assoc=0",
+            "[2026-12-01T21:08:20.004] sched: Allocate JobId=126 NodeList=batch-0 #CPUs=1",
+            "[2026-12-01T21:08:20.053] Requeuing JobId=126",
+        ]
+    }
+    assert job.held
+    assert judge_job(s, job, log).verdict == KILLED  # no slurmctld kill: ours to explain
+    s.slurmctld_kills.append(allocated + 1.3)
+    verdict = judge_job(s, job, log)
+    assert verdict.verdict == SLURM, verdict
+    assert "second launch" in verdict.why
