@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import ssl as ssl_module
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +20,8 @@ from typing import Any, Protocol
 
 import aiohttp
 from aiohttp.client_proto import ResponseHandler
+
+from slinky import jsonio
 
 Params = Mapping[str, Any] | Sequence[tuple[str, Any]] | None
 
@@ -47,7 +48,7 @@ class Reply:
         return self.content.decode(errors="replace")
 
     def json(self) -> Any:
-        return json.loads(self.content)
+        return jsonio.loads(self.content)
 
 
 def query(params: Params) -> list[tuple[str, str]] | None:

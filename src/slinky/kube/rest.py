@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +21,7 @@ from lightkube.config.kubeconfig import KubeConfig, SingleConfig
 from lightkube.core import exceptions as lightkube_errors
 from prometheus_client import Counter
 
+from slinky import jsonio
 from slinky.transport import Reply, Session, TransportError
 from slinky.types import JSON
 
@@ -110,7 +110,7 @@ class ApiError(Exception):
 
 def _error(resp: Reply, text: str) -> ApiError:
     try:
-        body = json.loads(text)
+        body = jsonio.loads(text)
     except ValueError:
         body = {}
     if isinstance(body, dict) and body.get("kind") == "Status":
@@ -201,7 +201,7 @@ class Kube:
     ) -> JSON:
         """Send one request; return the decoded JSON body or raise ApiError (TransportError
         when no answer came)."""
-        content = None if body is None else json.dumps(body).encode()
+        content = None if body is None else jsonio.dumps(body)
         resp = await self.send(
             method,
             path,
@@ -210,8 +210,7 @@ class Kube:
             content_type=content_type,
             timeout=timeout,
         )
-        text = resp.text
-        return json.loads(text) if text else {}
+        return jsonio.loads(resp.content) if resp.content else {}
 
     async def send(
         self,
@@ -358,7 +357,7 @@ class Kube:
             async for line in resp.lines():
                 if not line.strip():
                     continue
-                event = json.loads(line)
+                event = jsonio.loads(line)
                 if event.get("type") == "ERROR":
                     st = event.get("object") or {}
                     raise ApiError(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import re
 import time
@@ -21,6 +20,7 @@ from typing import Any
 
 from prometheus_client import Counter, Histogram
 
+from slinky import jsonio
 from slinky.background import Backoff
 from slinky.slurm import errors
 from slinky.slurm.models import Job, Node, Partition, Ping, Reservation, Resources, number
@@ -115,7 +115,7 @@ class SlurmClient:
             content = None
             if body is not None:
                 headers["Content-Type"] = "application/json"
-                content = json.dumps(body).encode()
+                content = jsonio.dumps(body)
             t0 = time.perf_counter()
             try:
                 self.requests_sent += 1

@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from prometheus_client import Counter, Histogram
 
+from slinky import jsonio
 from slinky.bridge import policy
 from slinky.bridge.admission import mutate, validate
 from slinky.bridge.config import BridgeConfig
@@ -69,7 +70,7 @@ class AdmissionHandlers:
         """The review's `request`, or None when the body is not one the rules can read (the
         apiserver never sends such a body; anyone else gets a 400, not a 500)."""
         try:
-            body = await request.json()
+            body = jsonio.loads(await request.read())
         except ValueError:
             return None
         req = body.get("request") if isinstance(body, dict) else None
