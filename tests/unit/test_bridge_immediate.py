@@ -149,3 +149,26 @@ def test_a_claim_outlives_a_later_poll_for_a_second_and_more() -> None:
     assert set(claims.overlay(nodes, lambda mark: True)) == {"a"}
     claims.claims[0] = dataclasses.replace(claims.claims[0], at=-1e9)  # long ago
     assert claims.overlay(nodes, lambda mark: True) == {}
+
+
+def test_a_burst_of_claims_on_one_node_sums_to_what_they_took_capped_at_the_node() -> None:
+    nodes = {
+        "a": node("a", ["MIXED"], cpus=32, alloc=4, mem=65536, alloc_mem=1000),
+        "b": node("b", ["IDLE"], cpus=8),
+    }
+    claims = Claims(min_age=0)
+    for _ in range(20):
+        claims.add(desc(cpus=1, mem=64, exclusive=False), ["a"], mark=1)
+    taken = claims.overlay(nodes, lambda mark: False)
+    assert (taken["a"].state.base, taken["a"].alloc_cpus, taken["a"].alloc_memory) == (
+        "MIXED",
+        24,
+        1000 + 20 * 64,
+    )
+    for _ in range(20):  # 44 CPUs asked on a node of 32: full, never more
+        claims.add(desc(cpus=1, mem=64, exclusive=False), ["a"], mark=1)
+    claims.add(desc(cpus=1, exclusive=False), ["b"], mark=1)
+    claims.add(desc(cpus=1), ["b"], mark=1)  # an exclusive one takes the whole node
+    taken = claims.overlay(nodes, lambda mark: False)
+    assert (taken["a"].state.base, taken["a"].alloc_cpus) == ("ALLOCATED", 32)
+    assert (taken["b"].state.base, taken["b"].alloc_cpus) == ("ALLOCATED", 8)

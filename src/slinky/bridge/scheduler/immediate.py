@@ -160,20 +160,27 @@ class Claims:
         self.claims = [
             c for c in self.claims if not (shows_since(c.mark) and now - c.at >= self.min_age)
         ]
-        taken: dict[str, Node] = {}
+        # Summed by node first: one copy of each node taken, however many claims a burst
+        # left on it (it was a copy per claim, for every allocation asked).
+        per_node: dict[str, tuple[int, int, bool]] = {}
         for c in self.claims:
-            node = taken.get(c.node) or nodes.get(c.node)
+            cpus, memory, exclusive = per_node.get(c.node, (0, 0, False))
+            per_node[c.node] = (cpus + c.cpus, memory + c.memory, exclusive or c.exclusive)
+        taken: dict[str, Node] = {}
+        for name, (cpus, memory, exclusive) in per_node.items():
+            node = nodes.get(name)
             if node is not None:
-                taken[c.node] = _take(node, c)
+                taken[name] = _take(node, cpus, memory, exclusive)
         return taken
 
 
-def _take(node: Node, claim: Claim) -> Node:
-    cpus = node.cpus if claim.exclusive else min(node.cpus, node.alloc_cpus + claim.cpus)
-    base = "ALLOCATED" if cpus >= node.cpus else "MIXED"
+def _take(node: Node, cpus: int, memory: int, exclusive: bool) -> Node:
+    """`node` once claims of `cpus` and `memory` in all (one of them `exclusive`) took it."""
+    alloc = node.cpus if exclusive else min(node.cpus, node.alloc_cpus + cpus)
+    base = "ALLOCATED" if alloc >= node.cpus else "MIXED"
     return dataclasses.replace(
         node,
         state=NodeState(base, node.state.flags),
-        alloc_cpus=cpus,
-        alloc_memory=node.alloc_memory + claim.memory,
+        alloc_cpus=alloc,
+        alloc_memory=node.alloc_memory + memory,
     )
