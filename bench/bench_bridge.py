@@ -43,7 +43,7 @@ from typing import Any
 
 import yaml
 
-from bench.common import bench_testbed, pct
+from bench.common import CpuMeter, bench_testbed, pct
 from slinky.bridge.labels import EXTERNAL_NODE, MANAGED_NODE_TAINT, SLURMJOB_PREFIX
 from slinky.kube import rest
 from slinky.kube.informer import Handler, InformerFactory
@@ -329,23 +329,34 @@ async def burst(
     problems: list[str] | None = None,
     metrics_port: int = 0,
     breakdown: dict[str, float] | None = None,
+    requests: dict[str, int] | None = None,
+    cpu: CpuMeter | None = None,
 ) -> tuple[list[float], float]:
     """n pods at once: create->bound latencies and pods/s (first create to last bind). With
     `slurm`, the placements are checked against Slurm's jobs (see `placement_problems`)
     and, once the pods are gone, that no job of theirs is left; found problems are added
     to `problems`. With the bridge's `metrics_port`, `breakdown` gets where its time went
-    until the last pod was bound (`where_time_went`)."""
+    until the last pod was bound (`where_time_went`) and `requests` its Kubernetes requests
+    by method; `cpu` measures the machine's CPU from
+    the first create until then."""
     run = uuid.uuid4().hex[:6]
     pods = [bench_pod(f"b{run}-{i}", run, scheduler) for i in range(n)]
     before = samples(metrics_port) if metrics_port and breakdown is not None else {}
+    if cpu is not None:
+        cpu.start()
     sent = await create_all(kube, pods)
 
     async def all_bound() -> bool:
         return all(name in binds.bound_at for name in sent)
 
     await until(all_bound, f"{n} pods bound", 120 + n)
+    if cpu is not None:
+        cpu.stop()
     if before and metrics_port and breakdown is not None:
-        breakdown.update(where_time_went(before, samples(metrics_port)))
+        after = samples(metrics_port)
+        breakdown.update(where_time_went(before, after))
+        if requests is not None:
+            requests.update(kube_requests(before, after))
     lat = [binds.bound_at[name] - t for name, t in sent.items()]
     span = max(binds.bound_at[name] for name in sent) - min(sent.values())
     if slurm is not None and problems is not None:
@@ -406,6 +417,16 @@ def samples(port: int) -> dict[str, float]:
     return out
 
 
+def kube_requests(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:
+    """The bridge's Kubernetes API requests between two `samples`, by method."""
+    out: dict[str, int] = {}
+    for name, value in after.items():
+        if name.startswith("rest_client_requests_total{"):
+            method = name.split('method="')[1].split('"')[0]
+            out[method] = out.get(method, 0) + round(value - before.get(name, 0.0))
+    return {k: v for k, v in sorted(out.items()) if v}
+
+
 def where_time_went(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """Mean seconds, between two `samples`, of: a scheduler pass waiting in the work queue
     (`queue`) and running (`pass`), and each kind of slurmrestd request (by endpoint)."""
@@ -447,6 +468,17 @@ async def finish(kube: rest.Kube, binds: Bindings, run: str, *, bridge: bool) ->
         if (p["metadata"].get("labels") or {}).get("bench-run") == run
     ]
     if bridge:
+        # Running first, as a kubelet reports a pod that ran: kwok's Running status for a
+        # pod bound just before the burst ended could land after a Succeeded written now,
+        # and a pod that runs again is not released (the run waited for it forever).
+        async def running() -> bool:
+            return all(
+                (p.get("status") or {}).get("phase") == "Running"
+                for p in binds.informer.store.objects()
+                if (p["metadata"].get("labels") or {}).get("bench-run") == run
+            )
+
+        await until(running, f"pods of run {run} running", 120)
         limit = asyncio.Semaphore(16)
 
         async def succeed(name: str) -> None:
@@ -579,6 +611,8 @@ async def run() -> None:
     results: dict[str, Any] = {}
     problems: list[str] = []
     breakdowns: dict[int, dict[str, float]] = {}
+    requests: dict[int, dict[str, int]] = {n: {} for n in BURSTS}
+    cpu = {f"{who}-{n}": CpuMeter() for who in ("bridge", "kube") for n in BURSTS}
     try:
         await factory.wait_synced()
         await register_nodes(kube, slurm, kwok)
@@ -595,8 +629,10 @@ async def run() -> None:
                 problems=problems,
                 metrics_port=metrics_port,
                 breakdown=breakdowns[n],
+                requests=requests[n],
+                cpu=cpu[f"bridge-{n}"],
             )
-            results[f"kube-{n}"] = await burst(kube, binds, n, None)
+            results[f"kube-{n}"] = await burst(kube, binds, n, None, cpu=cpu[f"kube-{n}"])
         refused = metric_sum(metrics_port, REFUSED) - refused_before
         await stop_bridge(bridge)
         bridge, metrics_port = await asyncio.to_thread(start_bridge, bed, proxy_url, work)
@@ -644,7 +680,15 @@ async def run() -> None:
     print("  where the bridge's time went until each burst's last pod was bound (means):")
     for n in BURSTS:
         said = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in breakdowns.get(n, {}).items())
-        print(f"    {n} pods: {said}")
+        asked = ", ".join(f"{k} {v}" for k, v in requests[n].items())
+        print(f"    {n} pods: {said}; Kubernetes requests: {asked}")
+    print(
+        "  the machine's CPU per pod from the first create to the last pod bound (ms; "
+        "2 cores give 2000 ms a second, so pods/s can reach at most 2000 / this):"
+    )
+    for n in BURSTS:
+        print(f"    {n} pods: bridge {cpu[f'bridge-{n}'].per(n)}")
+        print(f"    {n} pods: kube-scheduler {cpu[f'kube-{n}'].per(n)}")
     print(
         f"  single pods one after another (n={SINGLE_PODS}), create -> bound: "
         f"p50 {ms(pct(t_few, 50)).strip()} p99 {ms(pct(t_few, 99)).strip()}  (target p50 <= 500 ms)"

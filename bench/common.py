@@ -46,3 +46,68 @@ def pct(values: list[float], p: float) -> float:
 
 def mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
+
+
+# What each process of the machine is, for `CpuMeter`: the first pattern found in its
+# command line names it (the bridge's own and the bench's Python processes apart).
+CPU_PARTS = (
+    ("slinky.bridge.main", "bridge"),
+    ("slinky.operator.main", "operator"),
+    ("kube-apiserver", "apiserver"),
+    ("etcd", "etcd"),
+    ("kube-controller-manager", "controller-manager"),
+    ("kube-scheduler", "kube-scheduler"),
+    ("kwok", "kwok"),
+    ("slurmrestd", "slurmrestd"),
+    ("slurmctld", "slurmctld"),
+    ("bench.", "bench"),
+)
+
+
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds (user + system) used so far by the machine's processes, by `CPU_PARTS`
+    name (the rest as `other`), from /proc."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+            cmd = (
+                Path(entry.path, "cmdline")
+                .read_bytes()
+                .replace(b"\0", b" ")
+                .decode(errors="replace")
+            )
+        except OSError:
+            continue  # gone meanwhile
+        fields = stat[stat.rfind(")") + 2 :].split()
+        used = (int(fields[11]) + int(fields[12])) / tick
+        part = next((name for pattern, name in CPU_PARTS if pattern in cmd), "other")
+        out[part] = out.get(part, 0.0) + used
+    return out
+
+
+class CpuMeter:
+    """The CPU the machine's processes used between `start` and `stop`, by part (a process
+    that started or ended in between counts from 0 or until its last reading)."""
+
+    def __init__(self) -> None:
+        self.before: dict[str, float] = {}
+        self.used: dict[str, float] = {}
+
+    def start(self) -> None:
+        self.before = cpu_seconds()
+
+    def stop(self) -> dict[str, float]:
+        after = cpu_seconds()
+        self.used = {k: max(0.0, v - self.before.get(k, 0.0)) for k, v in after.items()}
+        return self.used
+
+    def per(self, n: int) -> str:
+        """Milliseconds of CPU per item over `n` items, largest part first, and the total."""
+        parts = sorted(((v, k) for k, v in self.used.items() if v * 1000 / n >= 0.5), reverse=True)
+        total = sum(self.used.values()) * 1000 / n
+        said = ", ".join(f"{k} {v * 1000 / n:.1f}" for v, k in parts)
+        return f"{total:.0f} ms ({said})"

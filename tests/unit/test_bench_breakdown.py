@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime
 from pathlib import Path
 
-from bench.bench_bridge import where_time_went
+from bench.bench_bridge import kube_requests, where_time_went
 from bench.bench_handover import bridge_log, slurm_log
+from bench.common import CpuMeter, cpu_seconds
 
 WQ = '{controller="bridge-scheduler",name="bridge-scheduler"}'
 ALLOC = '{endpoint="/slurm/v0.0.44/job/allocate",method="POST",server="s"}'
@@ -72,3 +74,30 @@ def test_the_hand_over_bench_reads_when_slurmctld_allocated_each_job(tmp_path: P
         50: datetime(2026, 11, 30, 3, 37, 35).timestamp(),
         51: datetime(2026, 11, 30, 3, 37, 36, 10000).timestamp(),
     }
+
+
+def test_kubernetes_requests_are_counted_by_method_over_every_code() -> None:
+    before = {
+        'rest_client_requests_total{code="201",method="POST"}': 10.0,
+        'rest_client_requests_total{code="200",method="PATCH"}': 4.0,
+    }
+    after = {
+        'rest_client_requests_total{code="201",method="POST"}': 30.0,
+        'rest_client_requests_total{code="409",method="POST"}': 1.0,
+        'rest_client_requests_total{code="200",method="PATCH"}': 14.0,
+        'rest_client_requests_total{code="200",method="GET"}': 0.0,
+    }
+    assert kube_requests(before, after) == {"PATCH": 10, "POST": 21}
+
+
+def test_the_cpu_meter_counts_this_process_as_the_bench_by_its_command_line() -> None:
+    seen = cpu_seconds()
+    assert sum(seen.values()) > 0
+    meter = CpuMeter()
+    meter.start()
+    spent = time.process_time()
+    while time.process_time() - spent < 0.05:  # some CPU of its own, whatever the clock tick
+        sum(i * i for i in range(1000))
+    used = meter.stop()
+    assert used.get("other", 0.0) + used.get("bench", 0.0) > 0
+    assert meter.per(10).endswith(")")
