@@ -610,17 +610,17 @@ async def run() -> None:
     queued: list[int] = []
     results: dict[str, Any] = {}
     problems: list[str] = []
-    breakdowns: dict[int, dict[str, float]] = {}
-    requests: dict[int, dict[str, int]] = {n: {} for n in BURSTS}
-    cpu = {f"{who}-{n}": CpuMeter() for who in ("bridge", "kube") for n in BURSTS}
+    # By the burst's place in BURSTS (a size may be given twice).
+    breakdowns: dict[int, dict[str, float]] = {i: {} for i in range(len(BURSTS))}
+    requests: dict[int, dict[str, int]] = {i: {} for i in range(len(BURSTS))}
+    cpu = {f"{who}-{i}": CpuMeter() for who in ("bridge", "kube") for i in range(len(BURSTS))}
     try:
         await factory.wait_synced()
         await register_nodes(kube, slurm, kwok)
         await started_up(metrics_port)
         refused_before = metric_sum(metrics_port, REFUSED)
-        for n in BURSTS:
-            breakdowns[n] = {}
-            results[f"bridge-{n}"] = await burst(
+        for i, n in enumerate(BURSTS):
+            results[f"bridge-{i}"] = await burst(
                 kube,
                 binds,
                 n,
@@ -628,11 +628,11 @@ async def run() -> None:
                 slurm=slurm,
                 problems=problems,
                 metrics_port=metrics_port,
-                breakdown=breakdowns[n],
-                requests=requests[n],
-                cpu=cpu[f"bridge-{n}"],
+                breakdown=breakdowns[i],
+                requests=requests[i],
+                cpu=cpu[f"bridge-{i}"],
             )
-            results[f"kube-{n}"] = await burst(kube, binds, n, None, cpu=cpu[f"kube-{n}"])
+            results[f"kube-{i}"] = await burst(kube, binds, n, None, cpu=cpu[f"kube-{i}"])
         refused = metric_sum(metrics_port, REFUSED) - refused_before
         await stop_bridge(bridge)
         bridge, metrics_port = await asyncio.to_thread(start_bridge, bed, proxy_url, work)
@@ -658,9 +658,9 @@ async def run() -> None:
     print(f"  machine load average at the end: {os.getloadavg()[0]:.1f} (2 cores, shared)")
     head = ("pods", "bridge p50", "bridge p99", "kube p50", "kube p99", "p50 ratio")
     print("  " + " ".join(f"{h:>11}" for h in head) + "  bridge pods/s  kube pods/s  pods/s ratio")
-    for n in BURSTS:
-        bl, bt = results[f"bridge-{n}"]
-        kl, kt = results[f"kube-{n}"]
+    for i, n in enumerate(BURSTS):
+        bl, bt = results[f"bridge-{i}"]
+        kl, kt = results[f"kube-{i}"]
         print(
             f"  {n:11d} {ms(pct(bl, 50)):>11} {ms(pct(bl, 99)):>11} {ms(pct(kl, 50)):>11} "
             f"{ms(pct(kl, 99)):>11} {pct(bl, 50) / pct(kl, 50):10.1f}x {bt:14.1f} {kt:12.1f}"
@@ -678,17 +678,17 @@ async def run() -> None:
     for p in problems[:10]:
         print(f"    {p}")
     print("  where the bridge's time went until each burst's last pod was bound (means):")
-    for n in BURSTS:
-        said = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in breakdowns.get(n, {}).items())
-        asked = ", ".join(f"{k} {v}" for k, v in requests[n].items())
+    for i, n in enumerate(BURSTS):
+        said = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in breakdowns[i].items())
+        asked = ", ".join(f"{k} {v}" for k, v in requests[i].items())
         print(f"    {n} pods: {said}; Kubernetes requests: {asked}")
     print(
         "  the machine's CPU per pod from the first create to the last pod bound (ms; "
         "2 cores give 2000 ms a second, so pods/s can reach at most 2000 / this):"
     )
-    for n in BURSTS:
-        print(f"    {n} pods: bridge {cpu[f'bridge-{n}'].per(n)}")
-        print(f"    {n} pods: kube-scheduler {cpu[f'kube-{n}'].per(n)}")
+    for i, n in enumerate(BURSTS):
+        print(f"    {n} pods: bridge {cpu[f'bridge-{i}'].per(n)}")
+        print(f"    {n} pods: kube-scheduler {cpu[f'kube-{i}'].per(n)}")
     print(
         f"  single pods one after another (n={SINGLE_PODS}), create -> bound: "
         f"p50 {ms(pct(t_few, 50)).strip()} p99 {ms(pct(t_few, 99)).strip()}  (target p50 <= 500 ms)"
