@@ -853,6 +853,9 @@ def test_login_pods_run_sackd_against_slurmctld_and_only_sackd_has_the_key() -> 
     login = one(objs, "Deployment", "slurm-login")["spec"]["template"]["spec"]
     container = login["containers"][0]
     assert container["image"] == "site/slurm-login:26.05"
+    # Ready (in the Service) only once sackd holds the configuration the commands read.
+    probe = container["readinessProbe"]["exec"]["command"]
+    assert probe == ["test", "-s", "/run/slurm/conf/slurm.conf"]
     assert container["args"] == [
         "sackd",
         "-D",
