@@ -30,8 +30,9 @@ def loads(data: bytes | str) -> Any:
 
 
 def dumps(value: Any) -> bytes:
-    """`value` as compact UTF-8 JSON; TypeError for what JSON cannot hold."""
+    """`value` as compact UTF-8 JSON; TypeError for what JSON cannot hold. What msgspec
+    refuses (a None or bool dict key) goes to the standard library, which decides."""
     try:
         return _encoder.encode(value)
-    except (msgspec.MsgspecError, OverflowError):
+    except TypeError:
         return json.dumps(value).encode()
