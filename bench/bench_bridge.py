@@ -297,12 +297,16 @@ class Bindings:
         if pod["spec"].get("nodeName") and name not in self.bound_at:
             self.bound_at[name] = time.monotonic()
 
-    def count(self, run: str) -> int:
-        return sum(
-            1
+    def of_run(self, run: str) -> list[JSON]:
+        """The pods of one run (label `bench-run`) the watch shows."""
+        return [
+            p
             for p in self.informer.store.objects()
             if (p["metadata"].get("labels") or {}).get("bench-run") == run
-        )
+        ]
+
+    def count(self, run: str) -> int:
+        return len(self.of_run(run))
 
 
 async def create_all(kube: rest.Kube, pods: list[JSON]) -> dict[str, float]:
@@ -337,8 +341,7 @@ async def burst(
     and, once the pods are gone, that no job of theirs is left; found problems are added
     to `problems`. With the bridge's `metrics_port`, `breakdown` gets where its time went
     until the last pod was bound (`where_time_went`) and `requests` its Kubernetes requests
-    by method; `cpu` measures the machine's CPU from
-    the first create until then."""
+    by method; `cpu` measures the machine's CPU from the first create until then."""
     run = uuid.uuid4().hex[:6]
     pods = [bench_pod(f"b{run}-{i}", run, scheduler) for i in range(n)]
     before = samples(metrics_port) if metrics_port and breakdown is not None else {}
@@ -378,9 +381,7 @@ async def placement_problems(slurm: SlurmClient, binds: Bindings, run: str) -> l
     job, running on the pod's node, and no node holds more pods than it has CPUs (each
     pod asks one); one full read of the job list."""
     mine = {
-        str(p["metadata"]["name"]): str(p["spec"].get("nodeName") or "")
-        for p in binds.informer.store.objects()
-        if (p["metadata"].get("labels") or {}).get("bench-run") == run
+        str(p["metadata"]["name"]): str(p["spec"].get("nodeName") or "") for p in binds.of_run(run)
     }
     jobs: dict[str, list[Job]] = {}
     for j in await live_jobs(slurm):
@@ -417,12 +418,17 @@ def samples(port: int) -> dict[str, float]:
     return out
 
 
+def label(sample: str, key: str) -> str:
+    """The value of label `key` in a sample's name (`name{key="value",...}`)."""
+    return sample.split(f'{key}="')[1].split('"', maxsplit=1)[0]
+
+
 def kube_requests(before: dict[str, float], after: dict[str, float]) -> dict[str, int]:
     """The bridge's Kubernetes API requests between two `samples`, by method."""
     out: dict[str, int] = {}
     for name, value in after.items():
         if name.startswith("rest_client_requests_total{"):
-            method = name.split('method="')[1].split('"')[0]
+            method = label(name, "method")
             out[method] = out.get(method, 0) + round(value - before.get(name, 0.0))
     return {k: v for k, v in sorted(out.items()) if v}
 
@@ -453,8 +459,8 @@ def where_time_went(before: dict[str, float], after: dict[str, float]) -> dict[s
     for labels in labelled(prefix):
         avg, count = mean(prefix, labels)
         if count:
-            method = labels.split('method="')[1].split('"')[0]
-            endpoint = labels.split('endpoint="')[1].split('"')[0].split("/", 3)[-1]
+            method = label(labels, "method")
+            endpoint = label(labels, "endpoint").split("/", 3)[-1]
             out[f"{method} {endpoint} (n={count:.0f})"] = avg
     return out
 
@@ -462,21 +468,13 @@ def where_time_went(before: dict[str, float], after: dict[str, float]) -> dict[s
 async def finish(kube: rest.Kube, binds: Bindings, run: str, *, bridge: bool) -> None:
     """End the run's pods: bridge pods are reported Succeeded (as a kubelet would when the
     work ends) so the bridge cancels their jobs and lets them go; then all are deleted."""
-    names = [
-        p["metadata"]["name"]
-        for p in binds.informer.store.objects()
-        if (p["metadata"].get("labels") or {}).get("bench-run") == run
-    ]
+    names = [p["metadata"]["name"] for p in binds.of_run(run)]
     if bridge:
         # Running first, as a kubelet reports a pod that ran: kwok's Running status for a
         # pod bound just before the burst ended could land after a Succeeded written now,
         # and a pod that runs again is not released (the run waited for it forever).
         async def running() -> bool:
-            return all(
-                (p.get("status") or {}).get("phase") == "Running"
-                for p in binds.informer.store.objects()
-                if (p["metadata"].get("labels") or {}).get("bench-run") == run
-            )
+            return all((p.get("status") or {}).get("phase") == "Running" for p in binds.of_run(run))
 
         await until(running, f"pods of run {run} running", 120)
         limit = asyncio.Semaphore(16)

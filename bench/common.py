@@ -6,7 +6,7 @@ import os
 import statistics
 from pathlib import Path
 
-from slinky_testbed import paths
+from slinky_testbed import paths, procs
 from slinky_testbed.bed import Testbed
 
 BENCH_DIR = Path(
@@ -72,8 +72,8 @@ def cpu_seconds() -> dict[str, float]:
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
+        fields = procs.stat_fields(entry.name)
         try:
-            stat = Path(entry.path, "stat").read_text()
             cmd = (
                 Path(entry.path, "cmdline")
                 .read_bytes()
@@ -82,8 +82,9 @@ def cpu_seconds() -> dict[str, float]:
             )
         except OSError:
             continue  # gone meanwhile
-        fields = stat[stat.rfind(")") + 2 :].split()
-        used = (int(fields[11]) + int(fields[12])) / tick
+        if fields is None:
+            continue
+        used = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
         part = next((name for pattern, name in CPU_PARTS if pattern in cmd), "other")
         out[part] = out.get(part, 0.0) + used
     return out

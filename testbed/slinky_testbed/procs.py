@@ -14,14 +14,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-def start_time(pid: int) -> int | None:
-    """The process' start time in clock ticks since boot, or None if it is gone."""
+def stat_fields(pid: int | str) -> list[str] | None:
+    """/proc/<pid>/stat from field 3 (state) on, or None if the process is gone; the command
+    name (field 2) may hold spaces, so it is split after its ')'."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    # Field 22; the command name (field 2) may hold spaces, so split after its ')'.
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    return stat.rsplit(")", 1)[1].split()
+
+
+def start_time(pid: int) -> int | None:
+    """The process' start time in clock ticks since boot, or None if it is gone."""
+    fields = stat_fields(pid)
+    return None if fields is None else int(fields[19])  # field 22
 
 
 @dataclass(frozen=True)
@@ -41,10 +47,8 @@ class Proc:
     def alive(self) -> bool:
         if start_time(self.pid) != self.started:
             return False
-        with contextlib.suppress(OSError):
-            state = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            return state != "Z"
-        return False
+        fields = stat_fields(self.pid)
+        return fields is not None and fields[0] != "Z"
 
     def signal(self, sig: int, *, group: bool = False) -> None:
         if not self.alive():
