@@ -258,6 +258,46 @@ async def test_rolling_update_one_at_a_time_without_killing_jobs(env: Env) -> No
         raise AssertionError(f"{err}; revisions {seen}, want [{new_rev}]") from None
 
 
+async def test_a_pod_waiting_for_its_update_goes_when_the_nodeset_scales_to_zero(env: Env) -> None:
+    """The soak's stuck NodeSet: a busy pod condemned for a rolling update, then the HPA
+    scaled the NodeSet to 0. The scale-in left the pod to the update, the update waited for
+    the scale-in, and the pod stayed Ready and drained for good. Now its job ends COMPLETED
+    and the pod goes."""
+    await env.kube.create(
+        NODESETS,
+        nodeset_manifest(
+            "upzero",
+            1,
+            updateStrategy={"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+        ),
+        env.namespace,
+    )
+    (name,) = await wait_idle_nodes(env, "upzero", 1)
+    job = await env.submit("upzero", 12)
+    await env.running_on(job)
+    await env.kube.patch(
+        NODESETS,
+        "upzero",
+        {"spec": {"template": {"metadata": {"annotations": {"e2e/version": "2"}}}}},
+        env.namespace,
+    )
+
+    async def condemned_for_update() -> bool:
+        pods = await env.pods("upzero")
+        notes = [(p["metadata"].get("annotations") or {}) for p in pods]
+        return [n.get("nodeset.slinky.slurm.net/condemned") for n in notes] == ["update"]
+
+    await wait_for(condemned_for_update, timeout=30, what=f"{name} condemned for the update")
+    await env.scale("upzero", 0)
+
+    async def gone() -> bool:
+        status = (await env.nodeset("upzero")).get("status") or {}
+        return not await env.live_pod_names("upzero") and status.get("replicas") == 0
+
+    await wait_for(gone, timeout=60, what=f"{name} deleted once its job ended (replicas 0)")
+    await env.completed_once(job)
+
+
 async def test_on_delete_strategy_waits_for_a_manual_delete(env: Env) -> None:
     await env.kube.create(
         NODESETS, nodeset_manifest("ondel", 2, updateStrategy={"type": "OnDelete"}), env.namespace

@@ -16,7 +16,7 @@ from slinky.api.schema import parse
 from slinky.api.v1alpha1.nodeset import NodeSetSpec
 from slinky.kube.expectations import Expectations
 from slinky.operator.clients import Connection
-from slinky.operator.nodeset import update
+from slinky.operator.nodeset import scalein, update
 from slinky.operator.nodeset.builder import ANNOTATION_CONDEMNED, LABEL_REVISION
 from slinky.operator.nodeset.mirror import REGISTRATION_WINDOW_S
 from slinky.operator.nodeset.podcontrol import PodControl
@@ -86,9 +86,10 @@ class Kube:
 
 
 class Bed:
-    """One NodeSet `roll` (3 replicas, maxUnavailable 1) rolling to revision `new`."""
+    """One NodeSet `roll` (3 replicas unless told, maxUnavailable 1) rolling to revision
+    `new`."""
 
-    def __init__(self, live: dict[str, JSON]) -> None:
+    def __init__(self, live: dict[str, JSON], replicas: int = 3) -> None:
         self.live = live  # slurmctld's nodes, by name
         self.drained: list[str] = []
 
@@ -121,7 +122,7 @@ class Bed:
         )
         raw = {
             "clusterName": "slurm",
-            "replicas": 3,
+            "replicas": replicas,
             "selector": {},
             "template": {},
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
@@ -131,8 +132,19 @@ class Bed:
 
     async def rolling_update(self, active: list[JSON], cached: list[JSON]) -> list[float]:
         """One pass: the pods the cache shows, the Slurm nodes the last poll showed."""
+        return await update.rolling_update(self.ctx, self.view(active, cached))
+
+    async def scale_then_update(self, active: list[JSON], cached: list[JSON]) -> list[float]:
+        """The NodeSet sync's steps 3 and 4 on one view: scale-in by the excess, then the
+        rolling update."""
+        view = self.view(active, cached)
+        excess = len(view.active) - view.spec.replicas
+        requeue = await scalein.scale_in(self.ctx, view, excess, lambda _p: None)
+        return requeue + await update.rolling_update(self.ctx, view)
+
+    def view(self, active: list[JSON], cached: list[JSON]) -> View:
         self.informer.nodes = {n["name"]: Node.parse(n) for n in cached}
-        view = View(
+        return View(
             obj=self.obj,
             spec=self.spec,
             key=KEY,
@@ -143,7 +155,6 @@ class Bed:
             active={p["metadata"]["name"]: p for p in active},
             terminating={},
         )
-        return await update.rolling_update(self.ctx, view)
 
 
 async def test_an_update_right_after_the_pods_started_waits_for_a_view_that_shows_their_nodes() -> (
@@ -203,3 +214,29 @@ async def test_a_down_node_its_own_slurmd_registered_is_replaced_at_once_an_old_
     requeue = await bed.rolling_update([old_pod("roll-0", ready_for_s=5)], cached=[stale])
     assert bed.kube.deleted == [] and bed.kube.condemned == []
     assert requeue and min(requeue) <= REGISTRATION_WINDOW_S - 4
+
+
+async def test_a_pod_an_update_condemned_goes_when_the_nodeset_scales_below_it() -> None:
+    """The soak's stuck NodeSet (seed 11): compute-1 was condemned for an update and
+    drained, then the HPA scaled the NodeSet to 0. The scale-in left pods an update is
+    replacing to the update (they come back at the new revision), and the update waits
+    while a scale-in is under way: the drained pod stayed Ready, with no job, for good.
+    With fewer replicas than pods an update is replacing, the scale-in takes them too."""
+    drained = node("roll-1", "IDLE", "DRAIN")
+    bed = Bed({"roll-1": drained}, replicas=0)
+    condemned = old_pod("roll-1", ready_for_s=600)
+    condemned["metadata"]["annotations"][ANNOTATION_CONDEMNED] = scalein.CONDEMNED_UPDATE
+    await bed.scale_then_update([condemned], cached=[drained])
+    assert bed.kube.deleted == ["roll-1"]
+
+
+async def test_a_scale_in_leaves_the_pods_an_update_replaces_while_others_can_go() -> None:
+    """Four pods for three replicas, one of them condemned for the update: the scale-in
+    removes another pod (the condemned one comes back at the new revision)."""
+    live = {n: node(n, "IDLE") for n in ("roll-0", "roll-1", "roll-2")}
+    live["roll-3"] = node("roll-3", "IDLE", "DRAIN")
+    bed = Bed(live, replicas=3)
+    pods = [old_pod(n, ready_for_s=600) for n in ("roll-0", "roll-1", "roll-2", "roll-3")]
+    pods[0]["metadata"]["annotations"][ANNOTATION_CONDEMNED] = scalein.CONDEMNED_UPDATE
+    await bed.scale_then_update(pods, cached=list(live.values()))
+    assert "roll-0" not in bed.kube.deleted and bed.kube.deleted == ["roll-3"]

@@ -137,10 +137,15 @@ def candidates(view: View, pod_list: Iterable[JSON]) -> list[Candidate]:
 
 
 def scale_in_victims(view: View, excess: int) -> list[JSON]:
-    """The pods a scale-in by `excess` removes, most disposable first (pods an update is
-    replacing are not counted: they come back at the new revision)."""
-    pool = [p for p in view.active.values() if pods.condemned(p) != CONDEMNED_UPDATE]
-    return [c.pod for c in victims(candidates(view, pool), excess)]
+    """The pods a scale-in by `excess` removes, most disposable first. Pods an update is
+    replacing come back at the new revision, so the others go first; they are taken too
+    when the others are not enough (replicas went below them: an HPA's 0, say), as nothing
+    else would remove them: the update waits while a scale-in is under way."""
+    replacing = [p for p in view.active.values() if pods.condemned(p) == CONDEMNED_UPDATE]
+    others = [p for p in view.active.values() if pods.condemned(p) != CONDEMNED_UPDATE]
+    chosen = victims(candidates(view, others), excess)
+    chosen += victims(candidates(view, replacing), excess - len(chosen))
+    return [c.pod for c in chosen]
 
 
 # ------------------------------------------------------------ 4. drained?
