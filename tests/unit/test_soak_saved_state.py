@@ -44,6 +44,34 @@ def test_a_partition_naming_a_node_the_saved_nodes_lack_is_found(tmp_path: Path)
     assert slurmstate.unknown_in_partitions(tmp_path, ["compute", "big"]) == set()
 
 
+def test_a_read_between_slurmctlds_two_renames_is_made_again(tmp_path: Path) -> None:
+    """The soak's one-sample span (seed 11): slurmctld had renamed node_state to .old and
+    not yet node_state.new into place. That read is made again once the rename is done; a
+    node_state that stays missing still counts as lacking every node."""
+    part = packed("compute", "compute-[0-1]")
+    write(tmp_path, part, None)
+    state = tmp_path / slurmstate.STATE_DIR
+    (state / "node_state.old").write_bytes(packed("compute-0"))
+    (state / "node_state.new").write_bytes(packed("compute-0", "compute-1"))
+    renames: list[str] = []
+
+    def rename() -> None:
+        renames.append("node_state.new")
+        (state / "node_state.new").rename(state / "node_state")
+
+    assert slurmstate.unknown_in_partitions(tmp_path, ["compute"], pause=rename) == set()
+    assert renames == ["node_state.new"]
+
+    (state / "node_state").unlink()
+    (state / "node_state.new").write_bytes(packed("compute-0", "compute-1"))
+    waited: list[int] = []
+    missing = slurmstate.unknown_in_partitions(
+        tmp_path, ["compute"], pause=lambda: waited.append(1)
+    )
+    assert missing == {"compute-0", "compute-1"}
+    assert len(waited) == slurmstate.RENAME_TRIES
+
+
 def test_no_state_yet_is_nothing_to_refuse(tmp_path: Path) -> None:
     assert slurmstate.unknown_in_partitions(tmp_path, ["compute"]) == set()
     write(tmp_path, None, packed("compute-0"))
