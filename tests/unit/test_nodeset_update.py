@@ -60,9 +60,13 @@ def old_pod(name: str, ready_for_s: float) -> JSON:
     }
 
 
-def node(name: str, *states: str, slurmd_started_s_ago: float | None = None) -> JSON:
+def node(
+    name: str, *states: str, slurmd_started_s_ago: float | None = None, reason: str = ""
+) -> JSON:
     ident = {"namespace": NS, "podName": name, "nodeSet": "roll", "node": "k1"}
     raw: JSON = {"name": name, "state": list(states), "comment": json.dumps(ident)}
+    if reason:
+        raw["reason"] = reason
     if slurmd_started_s_ago is not None:
         started = int(time.time() - slurmd_started_s_ago)
         raw["slurmd_start_time"] = {"set": True, "infinite": False, "number": started}
@@ -74,11 +78,14 @@ class Kube:
 
     def __init__(self) -> None:
         self.condemned: list[str] = []
+        self.condemnations: list[tuple[str, str | None]] = []  # (pod, value written)
         self.deleted: list[str] = []
 
     async def patch(self, _res: Any, name: str, body: JSON, *_a: Any, **_k: Any) -> JSON:
-        if ANNOTATION_CONDEMNED in ((body.get("metadata") or {}).get("annotations") or {}):
+        notes = (body.get("metadata") or {}).get("annotations") or {}
+        if ANNOTATION_CONDEMNED in notes:
             self.condemned.append(name)
+            self.condemnations.append((name, notes[ANNOTATION_CONDEMNED]))
         return {}
 
     async def delete(self, _res: Any, name: str, *_a: Any, **_k: Any) -> None:
@@ -92,13 +99,15 @@ class Bed:
     def __init__(self, live: dict[str, JSON], replicas: int = 3) -> None:
         self.live = live  # slurmctld's nodes, by name
         self.drained: list[str] = []
+        self.undrained: list[str] = []
 
         def slurmrestd(req: httpx2.Request) -> httpx2.Response:
             if req.url.path == "/openapi/v3":
                 return httpx2.Response(200, json=OPENAPI)
             name = req.url.path.rstrip("/").rsplit("/", 1)[-1]
             if req.method == "POST":
-                self.drained.append(name)
+                state = json.loads(req.content or b"{}").get("state") or []
+                (self.undrained if "UNDRAIN" in state else self.drained).append(name)
                 return httpx2.Response(200, json={})
             known = self.live.get(name)
             return httpx2.Response(200, json={"nodes": [known] if known else []})
@@ -221,7 +230,7 @@ async def test_a_pod_an_update_condemned_goes_when_the_nodeset_scales_below_it()
     drained, then the HPA scaled the NodeSet to 0. The scale-in left pods an update is
     replacing to the update (they come back at the new revision), and the update waits
     while a scale-in is under way: the drained pod stayed Ready, with no job, for good.
-    With fewer replicas than pods an update is replacing, the scale-in takes them too."""
+    The scale-in takes them too."""
     drained = node("roll-1", "IDLE", "DRAIN")
     bed = Bed({"roll-1": drained}, replicas=0)
     condemned = old_pod("roll-1", ready_for_s=600)
@@ -230,13 +239,33 @@ async def test_a_pod_an_update_condemned_goes_when_the_nodeset_scales_below_it()
     assert bed.kube.deleted == ["roll-1"]
 
 
-async def test_a_scale_in_leaves_the_pods_an_update_replaces_while_others_can_go() -> None:
-    """Four pods for three replicas, one of them condemned for the update: the scale-in
-    removes another pod (the condemned one comes back at the new revision)."""
-    live = {n: node(n, "IDLE") for n in ("roll-0", "roll-1", "roll-2")}
-    live["roll-3"] = node("roll-3", "IDLE", "DRAIN")
+async def test_a_scale_in_takes_the_pod_an_update_drained_before_draining_another() -> None:
+    """Four pods for three replicas, the last old one drained already for the update: that
+    one goes, and no other node is drained (before, an idle pod at the new revision was
+    drained and deleted, and the update then replaced the drained one)."""
+    live = {n: node(n, "IDLE") for n in ("roll-0", "roll-1", "roll-2", "roll-3")}
+    live["roll-0"] = node("roll-0", "IDLE", "DRAIN")
     bed = Bed(live, replicas=3)
     pods = [old_pod(n, ready_for_s=600) for n in ("roll-0", "roll-1", "roll-2", "roll-3")]
     pods[0]["metadata"]["annotations"][ANNOTATION_CONDEMNED] = scalein.CONDEMNED_UPDATE
+    for p in pods[1:]:
+        p["metadata"]["labels"][LABEL_REVISION] = "new"
     await bed.scale_then_update(pods, cached=list(live.values()))
-    assert "roll-0" not in bed.kube.deleted and bed.kube.deleted == ["roll-3"]
+    assert bed.kube.deleted == ["roll-0"] and bed.drained == []
+
+
+async def test_replicas_back_up_let_the_update_carry_on_with_the_pod_it_was_replacing() -> None:
+    """A busy pod condemned for the update, the NodeSet scaled to 0 and back to 1 before
+    its job ended: it stays condemned for the update and drained (never undrained, so no
+    new job starts on it), and the update goes on with it."""
+    busy = node("roll-0", "MIXED", "DRAIN", reason="slurm-operator: rolling update")
+    bed = Bed({"roll-0": busy}, replicas=0)
+    pod = old_pod("roll-0", ready_for_s=600)
+    pod["metadata"]["annotations"][ANNOTATION_CONDEMNED] = scalein.CONDEMNED_UPDATE
+    await bed.scale_then_update([pod], cached=[busy])
+    assert bed.kube.deleted == [] and bed.kube.condemnations in ([], [("roll-0", "update")])
+
+    bed.spec = parse(NodeSetSpec, {**bed.obj["spec"], "replicas": 1}, "spec")
+    await bed.scale_then_update([pod], cached=[busy])
+    assert bed.kube.deleted == [] and all(v == "update" for _, v in bed.kube.condemnations)
+    assert bed.undrained == []

@@ -1,9 +1,10 @@
 """The scale-in rule, top to bottom: which pods go, how they are drained, the fail-closed
 question "is this Slurm node drained?", and the deletion.
 
-1. Victims (`victims`): most disposable first — pods already condemned (so a scale-in never
-   drains more nodes than it removes), then not yet scheduled, not ready, Slurm node IDLE
-   before busy, lower `pod-deletion-cost`, earlier `pod-deadline`, cordoned, higher ordinal.
+1. Victims (`victims`): most disposable first — pods already condemned, for a scale-in or
+   an update (so a scale-in never drains more nodes than it removes), then not yet
+   scheduled, not ready, Slurm node IDLE before busy, lower `pod-deletion-cost`, earlier
+   `pod-deadline`, cordoned, higher ordinal.
    Nothing is condemned while the Slurm view of the Cluster is not synced: the order depends
    on which nodes are busy.
 2. Drain: the Slurm node is set DRAIN with a reason starting `slurm-operator: `.
@@ -137,15 +138,9 @@ def candidates(view: View, pod_list: Iterable[JSON]) -> list[Candidate]:
 
 
 def scale_in_victims(view: View, excess: int) -> list[JSON]:
-    """The pods a scale-in by `excess` removes, most disposable first. Pods an update is
-    replacing come back at the new revision, so the others go first; they are taken too
-    when the others are not enough (replicas went below them: an HPA's 0, say), as nothing
-    else would remove them: the update waits while a scale-in is under way."""
-    replacing = [p for p in view.active.values() if pods.condemned(p) == CONDEMNED_UPDATE]
-    others = [p for p in view.active.values() if pods.condemned(p) != CONDEMNED_UPDATE]
-    chosen = victims(candidates(view, others), excess)
-    chosen += victims(candidates(view, replacing), excess - len(chosen))
-    return [c.pod for c in chosen]
+    """The pods a scale-in by `excess` removes, most disposable first: pods an update is
+    replacing among them (condemned already, their nodes drained or draining)."""
+    return [c.pod for c in victims(candidates(view, view.active.values()), excess)]
 
 
 # ------------------------------------------------------------ 4. drained?
@@ -338,10 +333,12 @@ async def settle(
     verdict: Drained,
     *,
     why: str,
+    scaled: bool,
     job_ends: JobEnds,
 ) -> Drained:
     """Delete the pod when `verdict` is safe; otherwise condemn it (a restarted operator
-    resumes this removal instead of choosing anew)."""
+    resumes this removal instead of choosing anew). `scaled`: the pod goes because replicas
+    went down (its PVCs follow `whenScaled`)."""
     name = pods.name(pod)
     if not verdict.safe:
         deadline = None
@@ -365,7 +362,7 @@ async def settle(
             DRAIN_DURATION.labels(view.namespace, view.name, why).observe(
                 drain_seconds(pod, dt.datetime.now(dt.UTC))
             )
-    if why == CONDEMNED_SCALE_IN:
+    if scaled:
         await delete_scaled_pvcs(ctx, view, name)
     view.moved(pod)
     return verdict
@@ -408,12 +405,20 @@ async def snapshot_for(view: View, pod_list: list[JSON]) -> Snapshot | None:
 
 
 async def remove_all(
-    ctx: Context, view: View, pod_list: list[JSON], why: str, reason: str
+    ctx: Context,
+    view: View,
+    pod_list: list[JSON],
+    why: str,
+    reason: str,
+    *,
+    scaled: bool | None = None,
 ) -> dict[str, Drained]:
     """Remove pods through the drain-before-delete path, concurrently and bounded: drain and
     check each (`removal_verdict`), take the drained ones out of the NodeSet's partition
     (`leave_partition`), then delete those that may go and condemn the others (`settle`).
-    Returns the verdicts of the pods that still wait, by pod name."""
+    Returns the verdicts of the pods that still wait, by pod name. `scaled` (default: `why`
+    is a scale-in): the pods go because replicas went down."""
+    scaled = why == CONDEMNED_SCALE_IN if scaled is None else scaled
     snapshot = await snapshot_for(view, pod_list)
     for pod in pod_list:
         if pods.condemned(pod) != why:
@@ -427,7 +432,7 @@ async def remove_all(
     job_ends = JobEnds(view.conn)
     results = await bounded(
         [
-            functools.partial(settle, ctx, view, p, v, why=why, job_ends=job_ends)
+            functools.partial(settle, ctx, view, p, v, why=why, scaled=scaled, job_ends=job_ends)
             for p, v in zip(pod_list, verdicts, strict=True)
         ],
         SLURM_CALLS_IN_FLIGHT,
@@ -511,7 +516,14 @@ async def scale_in(
     for pod in condemned_now:
         if pods.name(pod) not in chosen_names:
             await keep(ctx, view, pod, cordon_reason=cordon_reason(pod))
-    waiting = await remove_all(ctx, view, chosen, CONDEMNED_SCALE_IN, slurmcontrol.REASON_SCALE_IN)
+    # Pods an update was replacing keep its condemnation: should replicas go back up before
+    # they are gone, the update carries on with them (nothing undrained and drained again).
+    replacing = [p for p in chosen if pods.condemned(p) == CONDEMNED_UPDATE]
+    others = [p for p in chosen if pods.condemned(p) != CONDEMNED_UPDATE]
+    waiting = await remove_all(ctx, view, others, CONDEMNED_SCALE_IN, slurmcontrol.REASON_SCALE_IN)
+    waiting |= await remove_all(
+        ctx, view, replacing, CONDEMNED_UPDATE, slurmcontrol.REASON_UPDATE, scaled=True
+    )
     return [DRAIN_RECHECK_S] if waiting else []
 
 
