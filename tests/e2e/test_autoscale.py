@@ -475,7 +475,13 @@ class SavedState:
         return all(slurmstate.saved_names(f, [self.nodeset]) == want for f in files)
 
     async def nodes_saved_without_them(self) -> bool:
-        return not slurmstate.saved_names(self.dir / "node_state", [self.nodeset])
+        """A node_state on disk (not the moment between slurmctld's two renames) without
+        the NodeSet's nodes."""
+        try:
+            data = (self.dir / "node_state").read_bytes()
+        except FileNotFoundError:
+            return False
+        return not slurmstate.names_in(data, [self.nodeset])
 
 
 async def test_nodes_leave_the_partition_before_slurm_forgets_them_so_a_kill_9_restarts(
