@@ -29,7 +29,7 @@ RENAME_PAUSE_S = 0.01  # the rename window is ~0.2 ms; slurmctld's thread may be
 
 def saved_names(path: Path, nodesets: Iterable[str]) -> set[str]:
     """The names `<nodeset>-<n>` in one state file (none when it is not there)."""
-    data = _read(path)
+    data = read_state(path)
     return names_in(data, nodesets) if data is not None else set()
 
 
@@ -41,7 +41,8 @@ def names_in(data: bytes, nodesets: Iterable[str]) -> set[str]:
     return out
 
 
-def _read(path: Path) -> bytes | None:
+def read_state(path: Path) -> bytes | None:
+    """The file's bytes; None when it is not there (not yet written, or between renames)."""
     try:
         return path.read_bytes()
     except FileNotFoundError:
@@ -66,7 +67,7 @@ def unknown_in_partitions(
     if not in_partitions:
         return set()
     for _ in range(RENAME_TRIES):
-        if (data := _read(state / "node_state")) is not None:
+        if (data := read_state(state / "node_state")) is not None:
             return in_partitions - names_in(data, names)
         pause()
     return in_partitions

@@ -62,6 +62,16 @@ class Env:
             NODESETS, name, {"spec": {"replicas": replicas}}, self.namespace, subresource="scale"
         )
 
+    async def change_template(self, name: str) -> JSON:
+        """A new pod template revision (one annotation), which a RollingUpdate rolls; the
+        NodeSet as patched."""
+        return await self.kube.patch(
+            NODESETS,
+            name,
+            {"spec": {"template": {"metadata": {"annotations": {"e2e/version": "2"}}}}},
+            self.namespace,
+        )
+
     async def slurm_node(self, name: str) -> Any:
         try:
             return await self.slurm.get_node(name)

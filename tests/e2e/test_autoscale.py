@@ -477,11 +477,8 @@ class SavedState:
     async def nodes_saved_without_them(self) -> bool:
         """A node_state on disk (not the moment between slurmctld's two renames) without
         the NodeSet's nodes."""
-        try:
-            data = (self.dir / "node_state").read_bytes()
-        except FileNotFoundError:
-            return False
-        return not slurmstate.names_in(data, [self.nodeset])
+        data = slurmstate.read_state(self.dir / "node_state")
+        return data is not None and not slurmstate.names_in(data, [self.nodeset])
 
 
 async def test_nodes_leave_the_partition_before_slurm_forgets_them_so_a_kill_9_restarts(

@@ -196,12 +196,7 @@ async def test_rolling_update_one_at_a_time_without_killing_jobs(env: Env) -> No
     jobs = [await env.submit("roll", 8, name=f"e2e-roll-{i}") for i in range(2)]
     for j in jobs:
         await env.running_on(j)
-    await env.kube.patch(
-        NODESETS,
-        "roll",
-        {"spec": {"template": {"metadata": {"annotations": {"e2e/version": "2"}}}}},
-        env.namespace,
-    )
+    await env.change_template("roll")
 
     worst = 0
     worst_sample: list[str] = []
@@ -275,12 +270,7 @@ async def test_a_pod_waiting_for_its_update_goes_when_the_nodeset_scales_to_zero
     (name,) = await wait_idle_nodes(env, "upzero", 1)
     job = await env.submit("upzero", 12)
     await env.running_on(job)
-    await env.kube.patch(
-        NODESETS,
-        "upzero",
-        {"spec": {"template": {"metadata": {"annotations": {"e2e/version": "2"}}}}},
-        env.namespace,
-    )
+    await env.change_template("upzero")
 
     async def condemned_for_update() -> bool:
         pods = await env.pods("upzero")
@@ -304,12 +294,7 @@ async def test_on_delete_strategy_waits_for_a_manual_delete(env: Env) -> None:
     )
     await wait_idle_nodes(env, "ondel", 2)
     old_rev = (await env.nodeset("ondel"))["status"]["updateRevision"]
-    await env.kube.patch(
-        NODESETS,
-        "ondel",
-        {"spec": {"template": {"metadata": {"annotations": {"e2e/version": "2"}}}}},
-        env.namespace,
-    )
+    await env.change_template("ondel")
 
     async def new_revision() -> str | None:
         st = (await env.nodeset("ondel")).get("status") or {}

@@ -423,12 +423,7 @@ async def test_a_rolling_update_counts_a_down_slurm_node_as_unavailable(env: Env
         )
 
     await wait_for(down_seen, timeout=60, what="pod mirrors DOWN")
-    patched = await env.kube.patch(
-        NODESETS,
-        "avail",
-        {"spec": {"template": {"metadata": {"annotations": {"e2e/version": "2"}}}}},
-        env.namespace,
-    )
+    patched = await env.change_template("avail")
     generation = patched["metadata"]["generation"]
     violations: list[str] = []
 

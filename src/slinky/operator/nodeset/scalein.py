@@ -411,14 +411,13 @@ async def remove_all(
     why: str,
     reason: str,
     *,
-    scaled: bool | None = None,
+    scaled: bool = False,
 ) -> dict[str, Drained]:
     """Remove pods through the drain-before-delete path, concurrently and bounded: drain and
     check each (`removal_verdict`), take the drained ones out of the NodeSet's partition
     (`leave_partition`), then delete those that may go and condemn the others (`settle`).
-    Returns the verdicts of the pods that still wait, by pod name. `scaled` (default: `why`
-    is a scale-in): the pods go because replicas went down."""
-    scaled = why == CONDEMNED_SCALE_IN if scaled is None else scaled
+    Returns the verdicts of the pods that still wait, by pod name. `scaled`: the pods go
+    because replicas went down (the scale-in step)."""
     snapshot = await snapshot_for(view, pod_list)
     for pod in pod_list:
         if pods.condemned(pod) != why:
@@ -506,7 +505,9 @@ async def scale_in(
         # The order depends on which nodes are busy: do not choose on a guess.
         unscheduled = [p for p in view.active.values() if pods.node_name(p) is None]
         chosen_pods = victims(candidates(view, unscheduled), excess)
-        await remove_all(ctx, view, [c.pod for c in chosen_pods], CONDEMNED_SCALE_IN, "")
+        await remove_all(
+            ctx, view, [c.pod for c in chosen_pods], CONDEMNED_SCALE_IN, "", scaled=True
+        )
         view.waits.append("scale-in waits for the Slurm view of the Cluster")
         return [DRAIN_RECHECK_S]
     if not view.slurm_fresh("scale-in"):
@@ -520,7 +521,9 @@ async def scale_in(
     # they are gone, the update carries on with them (nothing undrained and drained again).
     replacing = [p for p in chosen if pods.condemned(p) == CONDEMNED_UPDATE]
     others = [p for p in chosen if pods.condemned(p) != CONDEMNED_UPDATE]
-    waiting = await remove_all(ctx, view, others, CONDEMNED_SCALE_IN, slurmcontrol.REASON_SCALE_IN)
+    waiting = await remove_all(
+        ctx, view, others, CONDEMNED_SCALE_IN, slurmcontrol.REASON_SCALE_IN, scaled=True
+    )
     waiting |= await remove_all(
         ctx, view, replacing, CONDEMNED_UPDATE, slurmcontrol.REASON_UPDATE, scaled=True
     )
