@@ -1,6 +1,6 @@
-"""Test order: the longest tests go first. pytest-xdist (`make test` runs two workers) hands
+"""Test order: the longest tests go first. pytest-xdist (`make test` runs three workers) hands
 each worker a run of tests in collection order and lets an idle worker take the other's
-rest; a long test collected last ran alone at the end while the other worker had nothing
+rest; a long test collected last ran alone at the end while the other workers had nothing
 left to do."""
 
 from __future__ import annotations
