@@ -13,7 +13,7 @@ export MYPY_CACHE_DIR ?= $(SLINKY_CACHE)/mypy
 DEV_DIR ?= $(SLINKY_CACHE)/testbeds/dev
 PYTEST_ARGS ?= --durations=25
 # Three workers, each with its own test beds: the e2e tests mostly wait on Slurm and kubelets
-# (on 2 cores, three kept the CPU 74% busy and took 18-19 min where two took 22-23).
+# (on 2 cores, three kept the CPU 74% busy and took 18-20 min where two took 22-23).
 PYTEST_XDIST ?= -n 3 --dist worksteal
 
 .PHONY: all venv lock testbed-build images lint fmt typecheck unit e2e test dev dev-down dev-env bench crds clean
