@@ -97,8 +97,11 @@ class BridgeProcess:
     metrics_url: str
     webhook_port: int
 
-    def log_tail(self, n: int = 60) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+    def log_tail(self, n: int = 60, contains: str | None = None) -> str:
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        if contains is not None:
+            lines = [line for line in lines if contains in line]
+        return "\n".join(lines[-n:])
 
     def stop(self, timeout: float = 40) -> int:
         return procs.terminate(self.proc, self.log_path, timeout)

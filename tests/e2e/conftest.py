@@ -103,14 +103,24 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """A failed test that used a bridge or operator process of ours carries that process's
-    log's end in its report (CI shows the report, not the log file)."""
+    log's end in its report (CI shows the report, not the log file): the last lines that
+    name the test's namespace (the process is shared by tests running beside it), then the
+    last lines of all."""
     report = yield
     if report.failed:
         funcargs = getattr(item, "funcargs", {})
+        namespace = funcargs.get("namespace")
         for name in ("bridge", "bridge_env", "operator", "operator_session"):
             owner = funcargs.get(name)
             proc = getattr(owner, "bridge", owner)  # BridgeEnv holds the process
             if proc is not None and hasattr(proc, "log_tail"):
-                report.sections.append((f"{name} log (last 60 lines)", proc.log_tail(60)))
+                if isinstance(namespace, str):
+                    report.sections.append(
+                        (
+                            f"{name} log, lines naming {namespace} (last 80)",
+                            proc.log_tail(80, namespace),
+                        )
+                    )
+                report.sections.append((f"{name} log (last 30 lines)", proc.log_tail(30)))
                 break
     return report

@@ -72,6 +72,35 @@ class Env:
             self.namespace,
         )
 
+    async def explain(self, nodeset: str, job_id: int | None = None) -> str:
+        """What a failed wait on `nodeset` saw last: its status and conditions, each pod's
+        phase, deletion and condemnation, its Slurm node's state and reason, and the job's
+        state (a test's timeout message, as CI shows no more than the report)."""
+        obj = await self.nodeset(nodeset)
+        st = obj.get("status") or {}
+        conds = [
+            f"{c.get('type')}={c.get('status')} {c.get('reason')}: {c.get('message')}"
+            for c in st.get("conditions") or []
+        ]
+        out = [f"NodeSet replicas={obj['spec'].get('replicas')} status={st.get('replicas')}"]
+        out += [f"  condition {c}" for c in conds]
+        for p in await self.pods(nodeset):
+            meta = p["metadata"]
+            notes = meta.get("annotations") or {}
+            name = meta["name"]
+            node = await self.slurm_node(name)
+            slurm = f"{node.state} {node.raw.get('reason')!r}" if node is not None else "absent"
+            out.append(
+                f"  pod {name} {(p.get('status') or {}).get('phase')}"
+                f" deleting={bool(meta.get('deletionTimestamp'))}"
+                f" condemned={notes.get('nodeset.slinky.slurm.net/condemned')}"
+                f" slurm={slurm}"
+            )
+        if job_id is not None:
+            job = await self.slurm.get_job(job_id)
+            out.append(f"  job {job_id} {job.state} on {job.nodes!r} ({job.state_reason})")
+        return "\n".join(out)
+
     async def slurm_node(self, name: str) -> Any:
         try:
             return await self.slurm.get_node(name)

@@ -101,8 +101,11 @@ class OperatorProcess:
                 return float(line.rsplit(" ", 1)[1])
         return None
 
-    def log_tail(self, n: int = 60) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+    def log_tail(self, n: int = 60, contains: str | None = None) -> str:
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        if contains is not None:
+            lines = [line for line in lines if contains in line]
+        return "\n".join(lines[-n:])
 
     def stop(self, timeout: float = 30) -> int:
         return procs.terminate(self.proc, self.log_path, timeout)

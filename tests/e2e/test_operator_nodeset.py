@@ -284,7 +284,10 @@ async def test_a_pod_waiting_for_its_update_goes_when_the_nodeset_scales_to_zero
         status = (await env.nodeset("upzero")).get("status") or {}
         return not await env.live_pod_names("upzero") and status.get("replicas") == 0
 
-    await wait_for(gone, timeout=60, what=f"{name} deleted once its job ended (replicas 0)")
+    try:
+        await wait_for(gone, timeout=60, what=f"{name} deleted once its job ended (replicas 0)")
+    except WaitTimeout as e:
+        raise WaitTimeout(f"{e}\n{await env.explain('upzero', job)}") from None
     await env.completed_once(job)
 
 
