@@ -123,6 +123,14 @@ def ask_stacks(send: Callable[[int], None], log_path: Path, wait: float = 5.0) -
     return log_path.read_bytes()[size:].decode(errors="replace")
 
 
+def log_tail(path: Path, n: int, contains: str | None = None) -> str:
+    """The last `n` lines of a process's log (of those containing `contains`, if given)."""
+    lines = path.read_text(errors="replace").splitlines()
+    if contains is not None:
+        lines = [line for line in lines if contains in line]
+    return "\n".join(lines[-n:])
+
+
 def terminate(proc: subprocess.Popen[bytes], log_path: Path, timeout: float) -> int:
     """SIGTERM one of our processes and wait `timeout` s for its exit code. One that does not
     exit is asked where it hangs (SIGUSR1: each asyncio task's stack; SIGQUIT: each thread's,

@@ -57,7 +57,7 @@ class GroupController:
     webhooks: list[str]
 
     def log_tail(self, n: int = 40) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        return procs.log_tail(self.log_path, n)
 
 
 def binary(name: str, version: str) -> Path:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from slinky.kube import rest
+from slinky.operator.nodeset.builder import ANNOTATION_CONDEMNED
 from slinky.operator.resources import CLUSTERS, NODESETS
 from slinky.slurm import errors
 from slinky.slurm.client import SlurmClient
@@ -93,7 +94,7 @@ class Env:
             out.append(
                 f"  pod {name} {(p.get('status') or {}).get('phase')}"
                 f" deleting={bool(meta.get('deletionTimestamp'))}"
-                f" condemned={notes.get('nodeset.slinky.slurm.net/condemned')}"
+                f" condemned={notes.get(ANNOTATION_CONDEMNED)}"
                 f" slurm={slurm}"
             )
         if job_id is not None:

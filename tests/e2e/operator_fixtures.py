@@ -102,10 +102,7 @@ class OperatorProcess:
         return None
 
     def log_tail(self, n: int = 60, contains: str | None = None) -> str:
-        lines = self.log_path.read_text(errors="replace").splitlines()
-        if contains is not None:
-            lines = [line for line in lines if contains in line]
-        return "\n".join(lines[-n:])
+        return procs.log_tail(self.log_path, n, contains)
 
     def stop(self, timeout: float = 30) -> int:
         return procs.terminate(self.proc, self.log_path, timeout)

@@ -377,7 +377,7 @@ async def test_a_node_list_change_looks_at_every_tracked_job_in_one_request() ->
         for j in (1, 2, 3):
             watch.track(j)
         await until(lambda: sorted(changed) == [1, 2, 3])
-        await asyncio.sleep(1.2)  # past the fast reads: on the settled tick now
+        await until(lambda: all(watch._interval.get(j) == 3600.0 for j in (1, 2, 3)))  # settled
         requests, reads = len(slurm.state_requests), len(slurm.reads)
         slurm.set(2, "PENDING")
         watch.all_due()
