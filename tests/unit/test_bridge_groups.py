@@ -21,6 +21,7 @@ from slinky.bridge.scheduler import gang
 from slinky.bridge.workload.sync import BY_JOB, WorkloadSync, index_job
 from slinky.kube import rest
 from slinky.kube.store import Store
+from slinky.slurm.started import SlurmctldStart
 from tests.unit.test_bridge_scheduler_sync import (
     FakeKube,
     FakeSlurm,
@@ -524,7 +525,11 @@ def workload_setup(comment_pods: list[JSON]) -> Any:
         kube,  # type: ignore[arg-type]
         config=CONFIG,
         pods=SimpleNamespace(store=pods),  # type: ignore[arg-type]
-        slurm=SimpleNamespace(client=slurm, informer=SimpleNamespace(poke=lambda: None)),  # type: ignore[arg-type]
+        slurm=SimpleNamespace(  # type: ignore[arg-type]
+            client=slurm,
+            informer=SimpleNamespace(poke=lambda: None),
+            slurmctld=SlurmctldStart(slurm),  # type: ignore[arg-type]
+        ),
         watch=JobWatch(slurm, on_change=lambda _: None),  # type: ignore[arg-type]
         recorder=SimpleNamespace(event=lambda *a, **k: None),  # type: ignore[arg-type]
     )

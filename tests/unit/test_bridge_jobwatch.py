@@ -15,6 +15,7 @@ from slinky.bridge import jobwatch
 from slinky.bridge.jobwatch import FAST_READS, FIRST_READ_S, JobWatch, pass_looks
 from slinky.slurm import errors
 from slinky.slurm.models import Job
+from slinky.slurm.started import SlurmctldStart
 
 
 class FakeSlurm:
@@ -195,12 +196,16 @@ async def test_jobs_due_together_are_asked_in_one_request_and_read_only_when_cha
         assert slurm.state_requests[0] == [1, 2, 3]  # one request for the three
         reads, requests = len(slurm.reads), len(slurm.state_requests)
         slurm.set(2, "COMPLETED", "n1")
-        del slurm.jobs[3]  # purged: no read, and no error answer
+        del slurm.jobs[3]  # purged: missing from the answer, so read once on its own
         watch.node_changed("n1")
         await until(lambda: changed.count(2) == 2 and changed.count(3) == 2)
-        assert slurm.reads[reads:] == [2]  # job 1 unchanged: its state was enough
+        # job 1 unchanged: its state was enough; job 3 is gone only on Slurm's own word
+        assert sorted(slurm.reads[reads:]) == [2, 3]
         assert len(slurm.state_requests) == requests + 1
         assert watch.jobs[3] is None
+        watch.node_changed("n1")  # gone for good: no read again
+        await until(lambda: len(slurm.state_requests) == requests + 2)
+        assert sorted(slurm.reads[reads:]) == [2, 3]
     finally:
         await watch.stop()
 
@@ -471,3 +476,108 @@ def test_a_read_taken_on_loan_is_lent_no_longer_than_its_own_age(
     assert workload.borrow(7) is not None
     now[0] += 1.0  # the scheduler's read is 2.5 s old now
     assert recent.get(7) is None
+
+
+class RestartingSlurm(FakeSlurm):
+    """FakeSlurm with diag: `start` is when slurmctld started (req_time_start)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.start = 1000
+        self.diags = 0
+
+    async def diag(self) -> dict[str, Any]:
+        self.diags += 1
+        return {"req_time_start": self.start}
+
+    def own(self, job_id: int, state: str, nodes: str, comment: str) -> None:
+        self.jobs[job_id] = Job.parse(
+            {"job_id": job_id, "job_state": [state], "nodes": nodes, "admin_comment": comment}
+        )
+
+
+def age_out(watch: JobWatch) -> None:
+    """As if the last start-time answer were older than START_RECHECK_S."""
+    assert watch.slurmctld is not None
+    watch.slurmctld.asked_at = -float("inf")
+
+
+def settled_watch(slurm: RestartingSlurm, changed: list[int]) -> JobWatch:
+    return JobWatch(  # type: ignore[arg-type]
+        slurm,
+        on_change=changed.append,
+        max_interval=3600.0,
+        settled_interval=3600.0,
+        slurmctld=SlurmctldStart(slurm),  # type: ignore[arg-type]
+    )
+
+
+async def test_a_job_id_given_to_another_job_in_the_same_state_after_a_restart_is_a_change() -> (
+    None
+):
+    """slurmctld restarted from state saved before job 1 and gave its id to another user's
+    job, RUNNING as ours was: the state answer alone says "unchanged". The restart (diag's
+    start time) makes the watch read every job in full, and the other owner is a change."""
+    slurm = RestartingSlurm()
+    slurm.own(1, "RUNNING", "n1", "ours")
+    slurm.own(2, "RUNNING", "n2", "ours too")
+    changed: list[int] = []
+    watch = settled_watch(slurm, changed)
+    watch.start()
+    try:
+        watch.track(1)
+        watch.track(2)
+        await until(lambda: sorted(changed) == [1, 2])
+        await until(lambda: all(watch._interval.get(j) == 3600.0 for j in (1, 2)))  # settled
+        # Without a restart, a node list's look is one state request and no full read.
+        reads, requests = len(slurm.reads), len(slurm.state_requests)
+        age_out(watch)
+        watch.all_due()
+        await until(lambda: len(slurm.state_requests) == requests + 1)
+        assert slurm.diags == 2  # asked afresh after a node list
+        assert slurm.reads[reads:] == []
+        slurm.start = 2000
+        slurm.own(1, "RUNNING", "n3", "someone else's")
+        age_out(watch)
+        watch.all_due()
+        await until(lambda: changed.count(1) == 2)
+        assert watch.jobs[1] is not None
+        assert watch.jobs[1].raw["admin_comment"] == "someone else's"
+        await until(lambda: len(slurm.reads) == reads + 2)  # both read in full, once
+        assert sorted(slurm.reads[reads:]) == [1, 2]
+        assert changed.count(2) == 1  # the same job: no change to tell
+    finally:
+        await watch.stop()
+
+
+async def test_a_restart_seen_at_a_pending_jobs_look_makes_every_tracked_job_due() -> None:
+    """A restart noticed by the look of one job (its start-time answer aged out) makes the
+    settled jobs due at once, not at their tick an hour later."""
+    slurm = RestartingSlurm()
+    slurm.own(1, "RUNNING", "n1", "ours")
+    changed: list[int] = []
+    watch = settled_watch(slurm, changed)
+    watch.start()
+    try:
+        watch.track(1)
+        await until(lambda: changed == [1] and watch._interval.get(1) == 3600.0)
+        slurm.start = 2000
+        slurm.own(1, "RUNNING", "n1", "someone else's")
+        slurm.own(5, "PENDING", "", "ours")
+        age_out(watch)
+        watch.track(5)
+        await until(lambda: changed.count(1) == 2)
+        assert watch.jobs[1] is not None and watch.jobs[1].raw["admin_comment"] != "ours"
+    finally:
+        await watch.stop()
+
+
+async def test_slurmctlds_start_is_asked_once_for_callers_at_the_same_time() -> None:
+    slurm = RestartingSlurm()
+    start = SlurmctldStart(slurm)  # type: ignore[arg-type]
+    answers = await asyncio.gather(*(start.get(10.0) for _ in range(5)))
+    assert answers == [1000] * 5 and slurm.diags == 1
+    slurm.start = 2000
+    assert await start.get(10.0) == 1000  # fresh enough for this caller
+    assert await start.get(0.0) == 2000
+    assert slurm.diags == 2

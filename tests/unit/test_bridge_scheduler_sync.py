@@ -833,6 +833,30 @@ async def test_a_cancel_that_fails_is_owed_and_retried_until_slurm_takes_it() ->
     assert slurm.cancelled == [allocated] and sync.ledger.owed() == []
 
 
+async def test_a_cancel_owed_from_before_a_restart_spares_the_job_that_took_its_id() -> None:
+    """The owed cancel waited out a slurmctld restart from older state, which gave the id
+    to another user's job: re-checked before it is sent, it is paid without a cancel."""
+    sync, slurm, _kube, pods = setup()
+    idle(sync, "n1", "n2")
+    slurm.free_node = "n2"
+    slurm.refuse_update = slurm.refuse_cancel = True
+    pods.upsert(make_pod("p", "u1"))
+    await sync.reconcile("ns/p")
+    (allocated, _submitted) = sorted(slurm.jobs)
+    assert sync.ledger.owed() == [allocated]
+    slurm.jobs[allocated] = {
+        "job_id": allocated,
+        "job_state": ["RUNNING"],
+        "nodes": "n2",
+        "user_id": "1234",
+        "comment": "an ordinary job",
+    }
+    slurm.refuse_cancel = False
+    sync._cancel_tried = 0.0  # the retry interval passed
+    await sync.reconcile("ns/p")
+    assert slurm.cancelled == [] and sync.ledger.owed() == []
+
+
 async def test_a_user_slurmctld_refuses_to_act_as_is_submitted_and_not_tried_again_soon() -> None:
     sync, slurm, _kube, pods = setup()
     idle(sync, "n1", "n2")

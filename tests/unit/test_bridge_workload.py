@@ -30,6 +30,7 @@ from slinky.kube.controller import DONE, Controller
 from slinky.kube.store import Store
 from slinky.slurm import errors
 from slinky.slurm.models import Job
+from slinky.slurm.started import SlurmctldStart
 from tests.unit.test_bridge_groups import CONFIG
 from tests.unit.test_bridge_scheduler_sync import FakeKube, FakeSlurm, make_pod
 
@@ -86,7 +87,11 @@ def setup(phase: str = "Running") -> tuple[WorkloadSync, CountingSlurm, Kube, St
         kube,  # type: ignore[arg-type]
         config=CONFIG,
         pods=SimpleNamespace(store=pods),  # type: ignore[arg-type]
-        slurm=SimpleNamespace(client=slurm, informer=SimpleNamespace(poke=lambda: None)),  # type: ignore[arg-type]
+        slurm=SimpleNamespace(  # type: ignore[arg-type]
+            client=slurm,
+            informer=SimpleNamespace(poke=lambda: None),
+            slurmctld=SlurmctldStart(slurm),  # type: ignore[arg-type]
+        ),
         watch=JobWatch(slurm, on_change=changed.append),  # type: ignore[arg-type]
         recorder=SimpleNamespace(event=lambda *a, **k: None),  # type: ignore[arg-type]
     )
@@ -277,6 +282,28 @@ async def test_a_job_slurm_revived_for_a_pod_that_ended_long_ago_is_cancelled_by
     assert slurm.cancelled == [7]
 
 
+async def test_a_finished_pods_job_id_given_to_another_job_is_not_cancelled() -> None:
+    """The watch holds job 7 as the pod's, RUNNING; slurmctld restarted from older state
+    and gave 7 to another user's job, RUNNING too. The pod ends: its cancel reads the job
+    first and leaves the other user's job alone."""
+    sync, slurm, _kube, pods, _changed = setup()
+    await sync.reconcile("ns/p")  # running: the watch reads and keeps job 7
+    assert 7 in sync.watch.jobs and slurm.cancelled == []
+    slurm.jobs[7] = {"job_id": 7, "job_state": ["RUNNING"], "nodes": "n1", "user_id": "1234"}
+    pod = pods.get("ns/p")
+    assert pod is not None
+    pod["status"]["phase"] = "Succeeded"
+    pods.upsert(pod)
+    await sync.reconcile("ns/p")
+    assert slurm.cancelled == []
+    assert pods.get("ns/p")["metadata"]["finalizers"] == []  # type: ignore[index]
+
+
+def aged(sync: WorkloadSync) -> None:
+    """As if the last answer about slurmctld's start were a sweep's time ago (a minute)."""
+    sync.slurm.slurmctld.asked_at = -float("inf")
+
+
 async def test_the_sweep_lists_the_jobs_only_after_slurmctld_started_again() -> None:
     """slurmctld returns its node list whenever a node changed, which in a burst is every
     poll: each sweep read the whole job list (every job of every user), 3.6 s of slurmrestd
@@ -285,15 +312,18 @@ async def test_the_sweep_lists_the_jobs_only_after_slurmctld_started_again() -> 
     sync, slurm, _kube, _pods, _changed = setup(phase="Succeeded")
     await sync.cancel_orphans()  # at start
     assert slurm.lists == 1 and slurm.cancelled == [7]
+    aged(sync)
     await sync.reconcile(ORPHANS_KEY)  # a node changed: slurmctld is the same
     assert slurm.lists == 1 and slurm.diags == 2  # one small request per look
     slurm.jobs[7]["job_state"] = ["RUNNING"]  # back from state saved before the cancel
     slurm.started += 60  # kill -9 and back
     slurm.refuse_cancel = True  # the sweep fails halfway: made again at the next chance
+    aged(sync)
     with pytest.raises(errors.SlurmUnavailable):
         await sync.reconcile(ORPHANS_KEY)
     slurm.refuse_cancel = False
     diags = slurm.diags
+    aged(sync)
     await sync.reconcile(ORPHANS_KEY)
     assert slurm.lists == 3 and slurm.cancelled == [7, 7]
     assert slurm.diags == diags + 1  # asked once for a sweep that lists
@@ -559,7 +589,11 @@ async def test_an_ended_gang_pod_and_its_running_sibling_do_not_wake_each_other_
         Kube(pods),  # type: ignore[arg-type]
         config=CONFIG,
         pods=SimpleNamespace(store=pods),  # type: ignore[arg-type]
-        slurm=SimpleNamespace(client=slurm, informer=SimpleNamespace(poke=lambda: None)),  # type: ignore[arg-type]
+        slurm=SimpleNamespace(  # type: ignore[arg-type]
+            client=slurm,
+            informer=SimpleNamespace(poke=lambda: None),
+            slurmctld=SlurmctldStart(slurm),  # type: ignore[arg-type]
+        ),
         watch=JobWatch(slurm, on_change=on_change, recent=recent),  # type: ignore[arg-type]
         recorder=SimpleNamespace(event=lambda *a, **k: None),  # type: ignore[arg-type]
     )

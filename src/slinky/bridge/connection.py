@@ -14,6 +14,7 @@ from slinky.bridge.config import BridgeConfig, ConfigError, SlurmAuth
 from slinky.bridge.jobwatch import RecentReads
 from slinky.slurm.client import SlurmClient
 from slinky.slurm.informer import SlurmInformer
+from slinky.slurm.started import SlurmctldStart
 from slinky.slurm.tokens import MintedToken, StaticToken, TokenFile, TokenProvider
 
 DEFAULT_USER = "slurm"
@@ -61,6 +62,11 @@ class SlurmConnection:
     _user_tokens: dict[str, MintedToken] = field(default_factory=dict, repr=False)
     # The job reads the process's job watches lend each other (`jobwatch.RecentReads`).
     recent_jobs: RecentReads = field(default_factory=RecentReads, repr=False)
+    # When the slurmctld answering now started: every reader of job ids checks it.
+    slurmctld: SlurmctldStart = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.slurmctld = SlurmctldStart(self.client)
 
     def tokens_for(self, user: str) -> TokenProvider | None:
         """Tokens to act as the Slurm `user` (a name or a uid): the client's own when that

@@ -5,11 +5,10 @@ holds every job of every user (upstream read it on every scheduling attempt: 1.4
 jobs). So the watch asks about its own jobs only, in as few requests as it can:
 
 - the jobs due for a look are asked together, in one `GET /jobs/state/?job_id=..&job_id=..`
-  (slurmctld's light job-state call; a job it no longer knows is left out of the answer, so
-  a purged job costs no error answer, which slurmrestd would follow with closing the
-  connection); a full `GET /job/<id>` is made for a job whose state changed (or was never
-  read), as only that read tells the nodes, and for a pending job (its reason and excluded
-  nodes are what the scheduler acts on);
+  (slurmctld's light job-state call; a job it no longer knows is left out of the answer,
+  and is then read once on its own, see below); a full `GET /job/<id>` is made for a job
+  whose state changed (or was never read), as only that read tells the nodes, and for a
+  pending job (its reason and excluded nodes are what the scheduler acts on);
 - a job just submitted is looked at every 50 ms for its first second (at most 32 jobs at
   once), since Slurm allocates it at its next pass, within a second; a job still pending is
   then looked at less often (doubling up to `max_interval`);
@@ -20,6 +19,15 @@ jobs). So the watch asks about its own jobs only, in as few requests as it can:
   scheduling pass runs (PASS_LOOK_AFTER_S);
 - a job that holds its nodes (or is gone) is looked at every `settled_interval`, all such
   jobs on one shared tick, so they cost one request a minute together, however many;
+- a job id alone is never identity: slurmctld restarted from state saved before its last
+  submissions gives their ids to new jobs, possibly in the same state, and the state answer
+  names no owner. So a read is trusted only while the slurmctld that answered it still runs
+  (`SlurmctldStart`, diag's start time, asked with the looks at most every START_CHECK_S,
+  and afresh after slurmctld returned its node list, which it does at every restart): when
+  it started again, every tracked job is read in full, and a job under another owner is a
+  change (`_significant`);
+- a job missing from a batched answer (or whose entry did not parse) is read on its own
+  before it is taken for gone: only slurmctld's own "not found" says that;
 - a job the bridge cancelled is followed on that tick until Slurm purges it: a slurmctld
   that crashed right after acknowledging the cancel comes back with the job live again,
   and `on_revived` is told, so it is cancelled again (cleanup is continuous, not only at
@@ -42,6 +50,7 @@ from slinky.background import BackgroundLoop
 from slinky.slurm import errors
 from slinky.slurm.client import SlurmClient
 from slinky.slurm.models import TERMINAL_JOB_STATES, Job, expand_hostlist
+from slinky.slurm.started import SlurmctldStart
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +84,12 @@ EVENT_MIN_GAP_S = 2.0
 # jobs are looked at together on the second).
 PASS_LOOK_AFTER_S = 0.03
 PASS_LOOKS = 2
+# How old an answer about slurmctld's start the looks take (one diag request at most this
+# often while jobs are tracked); after slurmctld returned its node list (a change, or a
+# restart), at most START_RECHECK_S.
+START_CHECK_S = 10.0
+START_RECHECK_S = 1.0
+_UNREAD = -1  # `_read_under` of a job never read in full
 
 
 def _significant(job: Job | None) -> tuple[tuple[str, ...], str, str, str] | None:
@@ -153,9 +168,18 @@ class JobWatch(BackgroundLoop):
         max_interval: float = 10.0,
         settled_interval: float = 60.0,
         recent: RecentReads | None = None,
+        slurmctld: SlurmctldStart | None = None,
     ) -> None:
         self.client = client
         self.recent = recent
+        # When the slurmctld that answers now started (None: not checked; every read is
+        # trusted, as with a slurmrestd that cannot tell).
+        self.slurmctld = slurmctld
+        self._start: int | None = None  # its last answer
+        self._start_recheck = False  # all_due: ask it afresh at the next look
+        # Job id -> the slurmctld start known when its last full read was asked: a read
+        # made under an earlier slurmctld may be another job's now.
+        self._read_under: dict[int, int | None] = {}
         self.on_change = on_change
         self.on_revived = on_revived
         self.max_interval = max_interval
@@ -199,6 +223,7 @@ class JobWatch(BackgroundLoop):
         self._read_at.pop(job_id, None)
         self._evented.pop(job_id, None)
         self._pass_looks.pop(job_id, None)
+        self._read_under.pop(job_id, None)
         self.jobs.pop(job_id, None)
 
     def given_again(self, job_id: int) -> None:
@@ -258,7 +283,9 @@ class JobWatch(BackgroundLoop):
         """Slurm's nodes changed in a way no node event may show (slurmctld came back from a
         crash without an allocation the bridge had read, or a node went from one job to
         the next between two polls): look at every tracked job now, in one batched state
-        request; only those whose state changed are read in full."""
+        request; only those whose state changed are read in full (all of them when
+        slurmctld started again: asked afresh, as this is when a restart shows)."""
+        self._start_recheck = True
         for job_id in list(self._next):
             if job_id not in self._following:
                 self._schedule(job_id, 0.0)
@@ -298,12 +325,14 @@ class JobWatch(BackgroundLoop):
         self.reads += 1
         self._read_at[job_id] = time.monotonic()
         due_before = self._next.get(job_id)
+        under = self._start
         try:
             job: Job | None = await self.client.get_job(job_id)
         except errors.SlurmNotFound:
             job = None
         if job_id not in self._next or job_id in self._following:
             return job
+        self._read_under[job_id] = under
         self._record(job_id, job)
         if (job is None or not job.is_pending) and self._next[job_id] == due_before:
             # Allocated or ended, and no event made it due while it was read: nothing
@@ -319,6 +348,7 @@ class JobWatch(BackgroundLoop):
         made now (not for a read on loan, which is as old as its lender's)."""
         self.track(job_id, fresh=True)
         self._read_at[job_id] = time.monotonic()
+        self._read_under[job_id] = self._start
         self._record(job_id, job, lend=lend)
         if not job.is_pending:
             self._settle(job_id)
@@ -370,6 +400,8 @@ class JobWatch(BackgroundLoop):
         pod's condition says."""
         if job_id not in self.jobs:
             return False  # never read in full: its nodes and comment are not known
+        if self.slurmctld is not None and self._read_under.get(job_id, _UNREAD) != self._start:
+            return False  # read from an earlier slurmctld: the id may be another job's now
         job = self.jobs[job_id]
         if state is None:
             return job is None
@@ -386,6 +418,7 @@ class JobWatch(BackgroundLoop):
         unmoved = {job_id: self._next[job_id] for job_id in due if job_id in self._next}
         asked_at = time.monotonic()
         try:
+            await self._check_start(set(due))
             states = await self._states(due)
         except errors.SlurmError as e:
             log.info("jobs %s: cannot read their states (%s); trying again later", due, e)
@@ -408,10 +441,9 @@ class JobWatch(BackgroundLoop):
             job: Job | None
             if states is not None and self._unchanged(job_id, states.get(job_id)):
                 job = self.jobs[job_id]
-            elif states is not None and job_id not in states:
-                job = None  # Slurm no longer knows it: nothing to read
-                self._record(job_id, job)
             else:
+                # Changed, never read, read from an earlier slurmctld, or missing from the
+                # answer (only slurmctld's own "not found" to a read of it says gone).
                 async with limit:
                     try:
                         job = await self.read(job_id)
@@ -423,6 +455,32 @@ class JobWatch(BackgroundLoop):
                 self._reschedule(job_id, job)
 
         await asyncio.gather(*(one(j) for j in due))
+
+    async def _check_start(self, looking: set[int]) -> None:
+        """Ask when slurmctld started (an answer up to START_CHECK_S old; START_RECHECK_S
+        after `all_due`); when it started again, every tracked job is read in full: those
+        `looking` in this look (`_unchanged`), the others due now."""
+        if self.slurmctld is None:
+            return
+        recheck, self._start_recheck = self._start_recheck, False
+        try:
+            start = await self.slurmctld.get(START_RECHECK_S if recheck else START_CHECK_S)
+        except BaseException:
+            self._start_recheck = self._start_recheck or recheck
+            raise
+        if start is None or start == self._start:
+            return
+        if self._start is not None:
+            log.warning(
+                "slurmctld started again (at %d, was %d): every tracked job is read in full, "
+                "as a job id may name another job now",
+                start,
+                self._start,
+            )
+        self._start = start
+        for job_id in list(self._next):
+            if job_id not in self._following and job_id not in looking:
+                self._schedule(job_id, 0.0)
 
     def _reschedule(self, job_id: int, job: Job | None) -> None:
         fast = self._fast.pop(job_id, 0)

@@ -224,6 +224,16 @@ def job_is_for(job: Job, config: BridgeConfig, *, key: str, uid: str = "") -> bo
     return not uid or not recorded or recorded == uid
 
 
+def made_here(job: Job, config: BridgeConfig) -> bool:
+    """Whether `job` carries this bridge's mark, in admin_comment or (an allocation made as
+    the pod's user, not marked yet) in comment: a job this bridge made, whatever its pods."""
+    for field in ("admin_comment", "comment"):
+        comment = read_comment(str(job.raw.get(field) or ""))
+        if comment is not None:
+            return comment.made_by(config)
+    return False
+
+
 def names_another_pod(job: Job, *, key: str, uid: str) -> bool:
     """Whether `job` is, by its admin_comment, a placeholder job of the bridge's format made
     for pods other than pod `key` (UID `uid`), or has no such comment at all: taken by a

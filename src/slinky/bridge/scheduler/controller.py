@@ -65,6 +65,7 @@ def build(
         max_interval=job_recheck,
         settled_interval=settled_recheck,
         recent=slurm.recent_jobs,
+        slurmctld=slurm.slurmctld,
     )
     namespaces = ManagedNamespaces(kube, factory, config, own_namespace)
     sync = SchedulerSync(

@@ -625,7 +625,13 @@ class SchedulerSync:
         self._cancel_tried = time.monotonic()
         for job_id in self.ledger.owed():
             try:
-                await self.slurm.client.cancel_job(job_id)
+                # Owed from before a slurmctld restart, the id may name another's job now:
+                # cancelled only while it is still one this bridge made.
+                job = await self.slurm.client.get_job(job_id)
+                if not job.is_finished and placeholder.made_here(job, self.config):
+                    await self.slurm.client.cancel_job(job_id)
+                elif not job.is_finished:
+                    log.warning("job %d: owed a cancel, but it is not a job of ours now", job_id)
             except errors.SlurmNotFound:
                 pass
             except errors.SlurmError:

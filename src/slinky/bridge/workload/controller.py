@@ -68,6 +68,7 @@ def build(
         max_interval=job_recheck,
         settled_interval=settled_recheck,
         recent=slurm.recent_jobs,
+        slurmctld=slurm.slurmctld,
     )
     sync = WorkloadSync(kube, config=config, pods=pods, slurm=slurm, watch=watch, recorder=recorder)
     ctrl = Controller(NAME, sync, workers=workers)

@@ -56,7 +56,6 @@ from slinky.bridge.nudge import nudge
 from slinky.kube import events, rest
 from slinky.kube.controller import DONE, Result
 from slinky.kube.informer import Informer
-from slinky.slurm import errors
 from slinky.slurm.models import Job, number
 from slinky.transport import TransportError
 from slinky.types import JSON
@@ -75,6 +74,8 @@ ORPHAN_SWEEP_S = 60.0
 # How old an allocation never marked as ours must be before it is taken for abandoned: the
 # scheduler marks its own within milliseconds of the allocation.
 UNCONFIRMED_GRACE_S = 60.0
+# A sweep takes an answer about slurmctld's start at most this old (the job watch asks too).
+SWEEP_START_AGE_S = 1.0
 # A pod bound with its job id in the Binding only is labelled by the scheduler just after;
 # one still unlabelled this long after the workload controller first saw it is labelled here.
 ADOPT_AFTER_S = 3.0
@@ -263,7 +264,9 @@ class WorkloadSync:
         which ends a group's job whatever its other pods do."""
         if job_id in self.cancelling or self.watch.is_following(job_id):
             return  # cancelled by us already (or about to be): one DELETE per job
-        job = await self.job(job_id, track=False)
+        # Read now, never taken from a cache: a slurmctld restarted since the last read may
+        # have given the id to another user's job, in the same state.
+        job = await self.watch.read(job_id)
         if job is None or job.is_finished:
             self.watch.untrack(job_id)
             return
@@ -461,12 +464,7 @@ class WorkloadSync:
     async def slurmctld_start(self) -> int | None:
         """When slurmctld started (`diag`'s req_time_start: its statistics start with it,
         and again when an admin resets them); None when it does not say."""
-        try:
-            return number((await self.slurm.client.diag()).get("req_time_start"))
-        except errors.SlurmUnavailable:
-            raise
-        except errors.SlurmError:
-            return None
+        return await self.slurm.slurmctld.get(SWEEP_START_AGE_S)
 
     async def sweep_if_restarted(self) -> None:
         """`ORPHANS_KEY`: the sweep (`cancel_orphans`), when slurmctld started since the
