@@ -10,10 +10,12 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import os
 import re
+import signal
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import httpx2
@@ -38,6 +40,7 @@ from slinky_testbed import nodes
 from slinky_testbed.waiting import wait_for
 from tests.e2e.bridge_fixtures import (
     BRIDGE_NS,
+    PARTITION,
     SCHEDULER,
     BridgeEnv,
     BridgeProcess,
@@ -52,6 +55,19 @@ pytestmark = pytest.mark.e2e
 
 JSON = dict[str, Any]
 TAINT = f"{SCHEDULER}:NoExecute"
+# An EXTERNAL job of root's (no admin_comment), held until released.
+HELD: JSON = {
+    "name": "bridge-e2e-other",
+    "partition": PARTITION,
+    "hold": True,
+    "flags": ["EXTERNAL_JOB"],
+    "minimum_nodes": 1,
+    "maximum_nodes": 1,
+    "tasks": 1,
+    "time_limit": {"set": True, "number": 10},
+    "current_working_directory": "/tmp",
+    "environment": ["PATH=/usr/bin:/bin"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -272,6 +288,71 @@ async def test_scancel_of_the_placeholder_job_deletes_its_pod(
     await pod_gone(env, name, ns, timeout=90)
     notes = await pod_events(env, name, ns, "SlurmJobEnded")
     assert any("CANCELLED" in n for n in notes), notes
+
+
+@contextlib.contextmanager
+def frozen(proc: BridgeProcess) -> Iterator[None]:
+    """The bridge process stopped (SIGSTOP) for the block, as a process that missed what
+    happens meanwhile; continued afterwards whatever happens."""
+    os.kill(proc.proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(proc.proc.pid, signal.SIGCONT)
+
+
+async def test_a_job_id_given_to_another_job_after_a_slurmctld_restart_is_never_the_pods(
+    bridge: BridgeEnv, managed_node: str
+) -> None:
+    """slurmctld restarted from job state saved before the pod's job and gave the pod's job
+    id to another job, RUNNING on the same node as the pod's was: the state answer alone
+    says "unchanged". The bridge sees the restart, reads the job in full and lets the pod go
+    (its own job is gone); the other job is never cancelled. (Before: the pod ran on where
+    Slurm had given the node to someone else, and its end cancelled the other job.)"""
+    env, ns = bridge, bridge.managed_namespace
+    state = env.testbed.root / "var" / "spool" / "slurmctld" / "job_state"
+    saved = state.read_bytes()  # before the pod's job exists
+    name = f"reused-{uuid.uuid4().hex[:6]}"
+    await env.kube.create(rest.PODS, workload_pod(name, ["sleep", "600"]), ns)
+    running = await pod_where(
+        env, name, ns, lambda p: p["status"].get("phase") == "Running", "Running", timeout=90
+    )
+    ours = job_id(running)
+    assert (await env.slurm.get_job(ours)).is_running
+    other = 0
+    with frozen(env.bridge):
+        await asyncio.to_thread(env.testbed.kill_component, "slurmctld")
+        for leftover in state.parent.glob("job_state*"):
+            leftover.unlink()
+        state.write_bytes(saved)
+        await asyncio.to_thread(env.testbed.start_component, "slurmctld")
+        # Held jobs on the pod's node take the ids saved before ours that other jobs took
+        # since; the one given ours is released and runs there, as the pod's job did.
+        for _ in range(50):
+            other = await env.slurm.submit_job({**HELD, "required_nodes": [managed_node]})
+            if other >= ours:
+                break
+            await env.slurm.cancel_job(other)
+        assert other == ours, f"slurmctld gave job id {other}, not {ours}, to the other job"
+        released = await asyncio.to_thread(
+            env.testbed.slurm, ["scontrol", "release", str(other)], capture=True
+        )
+        assert released.returncode == 0, released.stderr
+
+        async def other_runs() -> bool:
+            return (await env.slurm.get_job(other)).is_running
+
+        await wait_for(other_runs, timeout=10, interval=0.2, what=f"job {other} running")
+    try:
+        await pod_gone(env, name, ns, timeout=60)
+        notes = await pod_events(env, name, ns, "SlurmJobEnded")
+        assert any("no longer this pod's" in n for n in notes), notes
+        job = await env.slurm.get_job(other)
+        assert job.is_running, f"the other job is {'/'.join(job.state)}: cancelled by the bridge"
+        assert not job.raw.get("admin_comment"), job.raw.get("admin_comment")
+    finally:
+        with contextlib.suppress(Exception):
+            await env.slurm.cancel_job(other)
 
 
 async def test_an_admin_can_not_requeue_a_placeholder_job_and_a_suspend_evicts_its_pod(

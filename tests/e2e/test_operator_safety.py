@@ -4,6 +4,7 @@ rolling update, self-healing children. Real apiserver, real Slurm, real slurmd."
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 import time
@@ -191,6 +192,92 @@ async def test_deleting_the_namespace_lets_running_jobs_finish(env: Env) -> None
         await wait_for(
             lambda: _absent(env, "nsdel-0"), timeout=30, what="Slurm node record removed"
         )
+
+
+async def ran_to_its_end(env: Env, ns: str, pod: str, marker: str) -> bool:
+    """Whether the job's script wrote its last line (`marker`) in the slurmd container;
+    fails at once when the container stopped first (slurmd let go under the job)."""
+    live = await env.kube.get(rest.PODS, pod, ns)
+    statuses = (live.get("status") or {}).get("containerStatuses") or []
+    slurmd = next((c for c in statuses if c.get("name") == "slurmd"), {})
+    assert "running" in (slurmd.get("state") or {}), (
+        f"slurmd of {pod} stopped while slurmctld was down and its job ran: {slurmd}"
+    )
+    found = await asyncio.to_thread(
+        env.testbed.kubectl, ["-n", ns, "exec", pod, "-c", "slurmd", "--", "test", "-e", marker]
+    )
+    return found.returncode == 0
+
+
+@pytest.mark.parametrize("stop", ["namespace deleted", "kubelet ends the pod"])
+async def test_a_busy_pod_stopped_while_slurmctld_is_down_lets_its_job_finish(
+    env: Env, stop: str
+) -> None:
+    """A busy slurmd pod is stopped by a path the busy-pod policy does not see while
+    slurmctld is down: its preStop cannot read the node's state, takes that for "busy" and
+    waits, so the job runs to its end and ends COMPLETED once slurmctld is back. (The hook
+    took the failed read for "no jobs" and let slurmd stop under the job.) "kubelet ends the
+    pod": activeDeadlineSeconds set on the running pod, which the kubelet enforces the way
+    it evicts under node pressure or stops pods at a graceful node shutdown: preStop, then
+    SIGTERM within the grace period (node pressure and logind cannot be made here)."""
+    prefix = "t-ctlddown-ns" if stop == "namespace deleted" else "t-ctlddown-kl"
+    async with other_namespace(env, prefix) as ns:
+        name = "ctlddown" if stop == "namespace deleted" else "ctlddl"
+        manifest = nodeset_manifest(name, 1)
+        manifest["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 180
+        await env.kube.create(NODESETS, manifest, ns)
+        pod = f"{name}-0"
+
+        async def idle() -> bool:
+            node = await env.slurm_node(pod)
+            return node is not None and node.state.is_idle and not node.state.is_drain
+
+        await wait_for(idle, timeout=60, what=f"{pod} IDLE")
+        marker = f"/tmp/ended-{uuid.uuid4().hex[:6]}"
+        job = await env.slurm.submit_job(
+            {
+                "name": "e2e",
+                "constraints": name,
+                "minimum_nodes": 1,
+                "maximum_nodes": 1,
+                "tasks": 1,
+                "current_working_directory": "/tmp",
+                "environment": ["PATH=/usr/bin:/bin"],
+                "time_limit": {"set": True, "number": 10},
+            },
+            script=f"#!/bin/sh\nsleep 20\ntouch {marker}\n",
+        )
+        assert await env.running_on(job) == pod
+        await asyncio.to_thread(env.testbed.stop_component, "slurmctld")  # saves its state
+        try:
+            if stop == "namespace deleted":
+                await env.kube.delete(rest.NAMESPACES, ns)
+            else:
+                await env.kube.patch(rest.PODS, pod, {"spec": {"activeDeadlineSeconds": 1}}, ns)
+
+            async def terminating() -> bool:
+                if stop == "namespace deleted":
+                    live = await env.kube.get(rest.PODS, pod, ns)
+                    return bool(live["metadata"].get("deletionTimestamp"))
+                events = (await env.kube.list(rest.EVENTS, ns))["items"]  # the kubelet's
+                return any(
+                    e.get("reason") == "DeadlineExceeded"
+                    and (e.get("regarding") or {}).get("name") == pod
+                    for e in events
+                )
+
+            await wait_for(terminating, timeout=30, what=f"{pod} being stopped ({stop})")
+            await wait_for(
+                lambda: ran_to_its_end(env, ns, pod, marker),
+                timeout=90,
+                interval=1.0,
+                what=f"job {job}'s script ran to its end in {pod}",
+            )
+        finally:
+            await asyncio.to_thread(env.testbed.start_component, "slurmctld")
+        await completed_once(env, job, timeout=90)
+        if stop == "kubelet ends the pod":
+            await env.kube.delete(rest.NAMESPACES, ns)
 
 
 async def _absent(env: Env, name: str) -> bool:

@@ -115,3 +115,23 @@ def test_a_node_put_back_into_the_partition_meanwhile_waits_again(tmp_path: Path
     calls = run(tmp_path, plan, partition="cpu")
     save = f"sleep {builder.STATE_SAVE_S:.0f}"
     assert calls[1:] == [save, "sleep 1", save, "scontrol delete nodename=cpu-0"], calls
+
+
+def test_slurm_unreachable_while_a_job_runs_is_waited_on_as_busy(tmp_path: Path) -> None:
+    """slurmctld down (or restarting) while the pod stops: a failed read is "still busy",
+    so slurmd is not let go under a job that may run; the wait ends once Slurm says the
+    node is idle (the job ended meanwhile) or that it is gone."""
+    plan = [shown("MIXED"), shown("MIXED"), UNREACHABLE, UNREACHABLE, UNREACHABLE]
+    plan += [shown("MIXED+DRAIN"), shown("IDLE+DRAIN")]
+    calls = run(tmp_path, plan, partition=None)
+    assert calls.count("sleep 1") == 4, calls  # 3 unreachable looks + 1 busy one
+    assert calls[-2:] == [
+        "scontrol update nodename=cpu-0 state=DOWN reason=slurm-operator: pod terminating",
+        "scontrol delete nodename=cpu-0",
+    ]
+
+
+def test_a_node_deleted_while_the_hook_waits_ends_it(tmp_path: Path) -> None:
+    plan = [shown("MIXED"), shown("MIXED"), UNREACHABLE, ABSENT]
+    calls = run(tmp_path, plan, partition=None)
+    assert not any("DOWN" in c or "delete" in c for c in calls), calls

@@ -196,7 +196,9 @@ def node_size(
 
 def pre_stop() -> JSON:
     """DRAIN, wait while jobs run (bounded by the pod's terminationGracePeriodSeconds),
-    then DOWN (with the operator's reason) and delete the Slurm node record.
+    then DOWN (with the operator's reason) and delete the Slurm node record. A state Slurm
+    cannot say (slurmctld down or restarting) is waited on as a busy one: only slurmctld's
+    own "not found" says the node is gone; a failed read never lets slurmd stop under a job.
 
     The operator drains before it deletes a pod; the wait is for deletions it does not
     control (a namespace being deleted, `kubectl delete pod`), so those do not kill a job
@@ -212,7 +214,10 @@ def pre_stop() -> JSON:
     script = (
         'out=$(scontrol -o show node "$HOSTNAME" 2>&1) || case "$out" in '
         "*' not found'*) exit 0;; esac; "
-        'state() { s=$(scontrol -o show node "$HOSTNAME" 2>/dev/null) || return 1; '
+        # The node's state; GONE only on Slurm's own "not found", UNKNOWN when slurmctld
+        # cannot be asked (down, restarting): a job may still run, so that is "busy".
+        'state() { s=$(scontrol -o show node "$HOSTNAME" 2>&1) || { case "$s" in '
+        "*' not found'*) echo GONE;; *) echo UNKNOWN;; esac; return 0; }; "
         's=${s#*State=}; echo "${s%% *}"; }; '
         # In the partition, or cannot tell (slurmctld unreachable): yes; no such node: no.
         'inside() { s=$(scontrol -o show node "$HOSTNAME" 2>&1) || { case "$s" in '
@@ -221,8 +226,8 @@ def pre_stop() -> JSON:
         f'case ",$s," in *",${ENV_PARTITION},"*) return 0;; esac; return 1; }}; '
         'case "$(state)" in *DRAIN*) ;; *) '
         f'scontrol update nodename="$HOSTNAME" state=DRAIN {reason} || true;; esac; '
-        'while :; do case "$(state)" in '
-        "*ALLOCATED*|*MIXED*|*COMPLETING*) sleep 1;; *) break;; esac; done; "
+        'while :; do case "$(state)" in GONE) exit 0;; '
+        "*ALLOCATED*|*MIXED*|*COMPLETING*|UNKNOWN) sleep 1;; *) break;; esac; done; "
         f'scontrol update nodename="$HOSTNAME" state=DOWN {reason} || true; '
         # Out of the partition, then long enough for slurmctld to save it so, and still out.
         f'if [ -n "${{{ENV_PARTITION}:-}}" ]; then n=0; while :; do '
