@@ -486,15 +486,11 @@ def test_a_group_whose_pods_would_run_as_different_users_is_refused() -> None:
         {
             "partition": "bridge",
             "schedulerName": "s1",
-            "policy": {
-                "namespaces": {
-                    "ns": {"serviceAccounts": {"trainer": {"users": ["alice"], "groups": ["a"]}}}
-                }
-            },
+            "policy": {"namespaces": {"ns": {"users": ["alice", "2001"], "groups": ["a"]}}},
         }
     )
     pods = group_pods(2)
-    pods[0]["spec"]["serviceAccountName"] = "trainer"
+    pods[0]["metadata"].setdefault("annotations", {})[SLURMJOB_PREFIX + "user-id"] = "2001"
     group = Group("PodGroup/ns/g", "PodGroup", 2, {"metadata": {"name": "g"}}, "ns/g")
     with pytest.raises(placeholder.PlaceholderProblem) as e:
         groups.job_description(pods, group, config)

@@ -1,5 +1,5 @@
 """The tenancy policy: which Slurm user a pod's job runs as and what it may name, by the pod's
-namespace and ServiceAccount; parsed from the config with errors that name the key."""
+namespace (never its ServiceAccount); parsed from the config with errors that name the key."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ POLICY = {
             "defaultAccount": "physics",
             "qos": ["normal"],
             "partitions": ["gpu"],
-            "serviceAccounts": {"trainer": {"qos": ["normal", "high"], "allowPriority": True}},
         },
         "team-b": {"reservations": ["maint"]},
     },
@@ -32,8 +31,8 @@ def ann(**values: str) -> dict[str, str]:
     return {SLURMJOB_PREFIX + k.replace("_", "-"): v for k, v in values.items()}
 
 
-def rule(namespace: str, service_account: str = "") -> Rule:
-    return parse_config({"policy": POLICY}).policy.rule_for(namespace, service_account)
+def rule(namespace: str) -> Rule:
+    return parse_config({"policy": POLICY}).policy.rule_for(namespace)
 
 
 def test_with_no_policy_every_job_runs_as_nobody_never_root() -> None:
@@ -81,11 +80,14 @@ def test_anything_else_is_refused_naming_the_annotation_and_the_rule(
     assert next(iter(asked)) in text and named in text and f"pods of {namespace}" in text
 
 
-def test_a_service_account_rule_extends_its_namespaces() -> None:
-    got = decide(rule("team-a", "trainer"), ann(qos="high", priority="5"), partition="bridge")
-    assert (got.user, got.qos, got.account) == ("alice", "high", "physics")
-    with pytest.raises(PolicyDenied):
-        decide(rule("team-a", "default"), ann(qos="high"), partition="bridge")
+def test_a_rule_by_service_account_is_refused_the_namespace_is_the_boundary() -> None:
+    # Any pod author of team-a can set serviceAccountName: trainer, so a rule of trainer's
+    # would be anyone's in team-a.
+    policy = {"namespaces": {"team-a": {"serviceAccounts": {"trainer": {"qos": ["high"]}}}}}
+    with pytest.raises(ConfigError) as e:
+        parse_config({"policy": policy})
+    assert e.value.key == "policy.namespaces.team-a.serviceAccounts"
+    assert "trainer" in str(e.value) and "namespace of their own" in str(e.value)
 
 
 def test_a_namespace_rule_inherits_what_it_does_not_say() -> None:
@@ -104,8 +106,8 @@ def test_a_namespace_rule_inherits_what_it_does_not_say() -> None:
         ({"namespaces": {"a": {"accounts": ["has space"]}}}, "policy.namespaces.a.accounts[0]"),
         ({"namespaces": {"A_b": {}}}, "policy.namespaces.A_b"),
         (
-            {"namespaces": {"a": {"serviceAccounts": {"t": {"allowPriority": "yes"}}}}},
-            "policy.namespaces.a.serviceAccounts.t.allowPriority",
+            {"namespaces": {"a": {"serviceAccounts": {"t": {"allowPriority": True}}}}},
+            "policy.namespaces.a.serviceAccounts",
         ),
     ],
 )

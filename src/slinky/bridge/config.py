@@ -340,23 +340,30 @@ def _policy(value: Any, key: str) -> Policy:
     if "default" in parts:
         default, _ = _rule(parts["default"], f"{key}.default", default)
     namespaces: dict[str, Rule] = {}
-    service_accounts: dict[tuple[str, str], Rule] = {}
     spaces = parts.get("namespaces") or {}
     if not isinstance(spaces, dict):
         raise ConfigError(f"{key}.namespaces", f"must be a mapping, got {_show(spaces)}")
     for name, entry in spaces.items():
         at = f"{key}.namespaces.{name}"
         _string(name, at, _DNS_LABEL, "a namespace name")
-        rule, rest = _rule(entry or {}, at, default, {"serviceAccounts": lambda v, k: v})
-        namespaces[name] = rule
-        accounts = rest.get("serviceAccounts") or {}
-        if not isinstance(accounts, dict):
-            raise ConfigError(f"{at}.serviceAccounts", f"must be a mapping, got {_show(accounts)}")
-        for sa, sa_entry in accounts.items():
-            sa_at = f"{at}.serviceAccounts.{sa}"
-            _string(sa, sa_at, _DNS_LABEL, "a ServiceAccount name")
-            service_accounts[(name, sa)], _ = _rule(sa_entry or {}, sa_at, rule)
-    return Policy(default=default, namespaces=namespaces, service_accounts=service_accounts)
+        namespaces[name], _ = _rule(
+            entry or {}, at, default, {"serviceAccounts": _no_service_accounts}
+        )
+    return Policy(default=default, namespaces=namespaces)
+
+
+def _no_service_accounts(value: Any, key: str) -> None:
+    """Rules by ServiceAccount are refused: the namespace is the boundary. Whoever may create
+    pods in a namespace may set any of its ServiceAccounts as `serviceAccountName`, and a
+    pod made by a controller (Deployment, Job) is created by the controller's own identity,
+    so who may use a ServiceAccount cannot be checked when its pods are admitted."""
+    names = ", ".join(str(n) for n in value) if isinstance(value, dict) else _show(value)
+    raise ConfigError(
+        key,
+        f"rules by ServiceAccount ({names}) are refused: any pod author of the namespace can "
+        "name any of its ServiceAccounts, so such a rule binds nobody; give the pods that "
+        "need another rule a namespace of their own (docs/bridge.md, policy)",
+    )
 
 
 _TOP: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
@@ -387,13 +394,13 @@ _TOP: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
 
 
 def all_keys() -> list[str]:
-    """Every key the config file takes, dotted (`policy.namespaces.<ns>.serviceAccounts.<sa>.users`
-    is listed once as `policy.<rule>.users`): what docs/bridge.md must document."""
+    """Every key the config file takes, dotted (`policy.namespaces.<ns>.users` is listed once
+    as `policy.<rule>.users`): what docs/bridge.md must document."""
     keys = list(_TOP)
     keys += [f"slurmAuth.{k}" for k in _SLURM_AUTH_KEYS]
     keys += [f"managedNodeTaint.{k}" for k in _TAINT_KEYS]
     keys += [f"nodeHealth.{k}" for k in _NODE_HEALTH_KEYS]
-    keys += ["policy.default", "policy.namespaces", "policy.namespaces.<ns>.serviceAccounts"]
+    keys += ["policy.default", "policy.namespaces"]
     keys += [f"policy.<rule>.{k}" for k in _RULE_KEYS]
     return keys
 

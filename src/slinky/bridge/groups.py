@@ -218,8 +218,8 @@ def job_description(pods: list[JSON], group: Group, config: BridgeConfig) -> JSO
         raise placeholder.PlaceholderProblem(
             "PolicyDenied",
             f"{group.describe()}: its pods would run as different Slurm users, groups or "
-            f"accounts ({', '.join(IDENTITY_FIELDS)} differ, e.g. by ServiceAccount): one "
-            "job cannot; give every pod of the group the same ServiceAccount",
+            f"accounts ({', '.join(IDENTITY_FIELDS)} differ, e.g. by user-id annotations): "
+            "one job cannot; give every pod of the group the same identity annotations",
         )
     job = dict(described[0])
     n = len(ordered)

@@ -250,12 +250,11 @@ def names_another_pod(job: Job, *, key: str, uid: str) -> bool:
 
 def identity(pod: JSON, config: BridgeConfig) -> policy.Identity:
     """Who the pod's job runs as and what it names, by the policy rule of the pod's
-    namespace and ServiceAccount; PlaceholderProblem `PolicyDenied` naming the rule."""
+    namespace; PlaceholderProblem `PolicyDenied` naming the rule."""
     meta = pod.get("metadata") or {}
     namespace = str(meta.get("namespace") or "")
-    account = policy.service_account(pod)
-    rule = config.policy.rule_for(namespace, account)
-    who = f"pods of namespace {namespace} (ServiceAccount {account})"
+    rule = config.policy.rule_for(namespace)
+    who = f"pods of namespace {namespace}"
     try:
         return policy.decide(rule, policy.pod_annotations(pod), partition=config.partition, who=who)
     except policy.PolicyDenied as e:
@@ -271,7 +270,7 @@ def allocation_user(pod: JSON, config: BridgeConfig) -> str | None:
     if _annotation(pod, "priority") is not None:
         return None
     meta = pod.get("metadata") or {}
-    rule = config.policy.rule_for(str(meta.get("namespace") or ""), policy.service_account(pod))
+    rule = config.policy.rule_for(str(meta.get("namespace") or ""))
     who = identity(pod, config)
     if (who.user, who.group) != (rule.users[0], rule.groups[0]):
         return None

@@ -3,8 +3,10 @@
 The bridge talks to Slurm as an administrator, so slurmctld takes whatever user, account,
 QOS or priority a placeholder job names. Upstream copied those from the pod's annotations:
 anyone who could create a pod chose its Slurm user, charged any account and jumped the
-queue. Here the Kubernetes identity decides (the pod's namespace and, optionally, its
-ServiceAccount), through rules in the config (`policy`):
+queue. Here the pod's namespace decides, through rules in the config (`policy`). The
+namespace is the boundary, never the ServiceAccount: anyone who may create pods in a namespace
+may name any ServiceAccount of it in `serviceAccountName` (and a controller's pods are created
+by the controller, not the user), so a rule per ServiceAccount is refused at start:
 
 ```yaml
 policy:
@@ -27,9 +29,6 @@ policy:
       groups: [alice]
       accounts: [physics, chem]
       defaultAccount: physics
-      serviceAccounts:
-        trainer:            # pods of team-a running as ServiceAccount trainer
-          qos: [high]
 ```
 
 `decide` is pure: the rule and the pod's `slurmjob.slinky.slurm.net/*` annotations (a group's
@@ -60,7 +59,7 @@ class PolicyDenied(ValueError):
 
 @dataclass(frozen=True)
 class Rule:
-    """What the pods of one namespace (or one ServiceAccount of it) may ask of Slurm."""
+    """What the pods of one namespace may ask of Slurm."""
 
     users: tuple[str, ...] = (DEFAULT_USER,)
     groups: tuple[str, ...] = (DEFAULT_GROUP,)
@@ -79,14 +78,9 @@ class Rule:
 class Policy:
     default: Rule = Rule()
     namespaces: dict[str, Rule] = field(default_factory=dict)
-    # (namespace, ServiceAccount) -> rule, already merged over the namespace's.
-    service_accounts: dict[tuple[str, str], Rule] = field(default_factory=dict)
 
-    def rule_for(self, namespace: str, service_account: str = "") -> Rule:
-        """The rule of a pod of `namespace` running as `service_account`."""
-        rule = self.service_accounts.get((namespace, service_account or "default"))
-        if rule is not None:
-            return rule
+    def rule_for(self, namespace: str) -> Rule:
+        """The rule of the pods of `namespace`, whatever their ServiceAccount."""
         return self.namespaces.get(namespace, self.default)
 
 
@@ -174,8 +168,3 @@ def decide(
 
 def pod_annotations(pod: dict[str, Any]) -> dict[str, str]:
     return dict((pod.get("metadata") or {}).get("annotations") or {})
-
-
-def service_account(pod: dict[str, Any]) -> str:
-    spec = pod.get("spec") or {}
-    return str(spec.get("serviceAccountName") or spec.get("serviceAccount") or "default")

@@ -16,7 +16,6 @@ from aiohttp import web
 from prometheus_client import Counter, Histogram
 
 from slinky import jsonio
-from slinky.bridge import policy
 from slinky.bridge.admission import mutate, validate
 from slinky.bridge.config import BridgeConfig
 from slinky.kube.tls import ServingCertificate
@@ -140,16 +139,15 @@ class AdmissionHandlers:
         if not ours and not await self.is_managed(namespace):
             DECISIONS.labels("validate", "unmanaged").inc()
             return review_response(uid, allowed=True)
-        account = policy.service_account(pod)
         problems = validate.violations(
             validate.Request(
                 operation=str(req.get("operation") or ""),
                 pod=pod,
                 old=old,
                 sub_resource=str(req.get("subResource") or ""),
-                rule=self.config.policy.rule_for(namespace, account),
+                rule=self.config.policy.rule_for(namespace),
                 partition=self.config.partition,
-                who=f"pods of namespace {namespace} (ServiceAccount {account})",
+                who=f"pods of namespace {namespace}",
             )
         )
         if problems:
