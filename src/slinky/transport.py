@@ -229,12 +229,20 @@ class _FramedHandler(ResponseHandler):
 
 
 class Session:
-    """One server's pooled connections. The aiohttp session is made at the first request,
-    inside the event loop that uses it, and again at the first request after `aclose`
+    """One server's pooled connections. The aiohttp sessions are made at the first request,
+    inside the event loop that uses them, and again at the first request after `aclose`
     (the bridge closes its Slurm client when its last component loses the lead, and uses it
     again when one leads again). Redirects are not followed (an answer 3xx is the caller's,
     as with httpx2: a POST redirected would come back a GET that succeeded, with the Slurm
-    token sent to wherever it pointed); an idle connection is kept 5 s."""
+    token sent to wherever it pointed); an idle connection is kept 5 s.
+
+    Requests and streams use two pools. A request holds its connection for as long as its
+    answer takes; `max_connections` of them at once, more wait for a free one. A stream (a
+    watch) holds its connection for minutes, one each over HTTP/1.1: in the same bounded
+    pool, as many open watches as the limit (an operator watching 20 namespaces has 141)
+    would make every request wait until one of them ends, the leader's Lease renewal among
+    them. Streams therefore have a pool of their own with no limit: each open stream is one
+    connection, whatever the number, and none of them is ever one a request waits for."""
 
     def __init__(
         self,
@@ -245,7 +253,8 @@ class Session:
         max_connections: int = 100,
         drop_after_close: bool = False,
     ) -> None:
-        """`drop_after_close`: ignore what the server writes after an answer marked
+        """`max_connections`: requests in flight at once (streams are not counted).
+        `drop_after_close`: ignore what the server writes after an answer marked
         `Connection: close` (slurmrestd: see `Framing`)."""
         self.base_url = base_url.rstrip("/")
         self._drop_after_close = drop_after_close
@@ -253,24 +262,44 @@ class Session:
         self._ssl = ssl
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
+        self._streams: aiohttp.ClientSession | None = None
+
+    def sibling(self, max_connections: int) -> Session:
+        """A session to the same server with pools of its own (the leader's Lease: nothing
+        else the process sends can make its renewal wait)."""
+        return Session(
+            self.base_url,
+            ssl=self._ssl,
+            timeout=self.timeout,
+            max_connections=max_connections,
+            drop_after_close=self._drop_after_close,
+        )
+
+    def _make(self, limit: int) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(
+            limit=limit,
+            keepalive_timeout=5.0,
+            ssl=self._ssl if self._ssl is not None else True,
+        )
+        if self._drop_after_close:  # aiohttp has no public hook for the protocol
+            connector._factory = functools.partial(  # type: ignore[assignment]
+                _FramedHandler, loop=asyncio.get_running_loop()
+            )
+        return aiohttp.ClientSession(
+            connector=connector,
+            timeout=_timeout(self.timeout),
+            trust_env=False,
+        )
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(
-                limit=self._max_connections,
-                keepalive_timeout=5.0,
-                ssl=self._ssl if self._ssl is not None else True,
-            )
-            if self._drop_after_close:  # aiohttp has no public hook for the protocol
-                connector._factory = functools.partial(  # type: ignore[assignment]
-                    _FramedHandler, loop=asyncio.get_running_loop()
-                )
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=_timeout(self.timeout),
-                trust_env=False,
-            )
+            self._session = self._make(self._max_connections)
         return self._session
+
+    def _open_streams(self) -> aiohttp.ClientSession:
+        if self._streams is None or self._streams.closed:
+            self._streams = self._make(0)  # 0: no limit
+        return self._streams
 
     async def request(
         self,
@@ -310,10 +339,11 @@ class Session:
         headers: Mapping[str, str] | None = None,
         connect_timeout: float = 30.0,
     ) -> AsyncIterator[Stream]:
-        """An answer read as it comes, with no time limit once connected (watches)."""
+        """An answer read as it comes, with no time limit once connected (watches), over a
+        connection of the streams' pool."""
         timeout = aiohttp.ClientTimeout(total=None, connect=connect_timeout)
         try:
-            resp = await self._open().request(
+            resp = await self._open_streams().request(
                 method,
                 self.base_url + path,
                 params=query(params),
@@ -329,6 +359,7 @@ class Session:
             resp.release()
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        for session in (self._session, self._streams):
+            if session is not None:
+                await session.close()
+        self._session = self._streams = None

@@ -6,7 +6,8 @@ A candidate takes the Lease when it is free or when its holder has not renewed i
 if it cannot renew for `renew_deadline` it has lost leadership and everything it runs is
 stopped at once, before another candidate can take over. A clean shutdown releases the
 Lease so a successor need not wait for it to expire. Writes use the Lease's
-resourceVersion, so two candidates can never both succeed.
+resourceVersion, so two candidates can never both succeed. The Lease is read and written
+over connections of its own, so no burst of other requests can delay a renewal.
 """
 
 from __future__ import annotations
@@ -24,6 +25,9 @@ from slinky.kube.conditions import now_micro
 from slinky.types import JSON
 
 log = logging.getLogger(__name__)
+
+
+LEASE_CONNECTIONS = 2
 
 
 class LeadershipLost(Exception):
@@ -44,7 +48,9 @@ class LeaderElector:
     ) -> None:
         if not lease_duration > renew_deadline > retry_period > 0:
             raise ValueError("need lease_duration > renew_deadline > retry_period > 0")
-        self.kube = kube
+        # Connections of its own: requests of the rest of the process, however many wait,
+        # never hold up a renewal (each takes one connection at a time).
+        self.kube = kube.own_connections(LEASE_CONNECTIONS)
         self.name = name
         self.namespace = namespace
         self.identity = identity
@@ -62,6 +68,14 @@ class LeaderElector:
     ) -> None:
         """Wait to become leader, then run `lead(stop)` until it returns, `stop` is set
         (then release the Lease), or leadership is lost (then raise LeadershipLost)."""
+        try:
+            await self._run(lead, stop)
+        finally:
+            await self.kube.close()  # the Lease's own connections only
+
+    async def _run(
+        self, lead: Callable[[asyncio.Event], Coroutine[Any, Any, None]], stop: asyncio.Event
+    ) -> None:
         if not await self._acquire(stop):
             return
         leading = asyncio.create_task(lead(stop), name=f"leading {self.name}")

@@ -156,7 +156,7 @@ class Credentials:
 
 
 class Kube:
-    """A small async JSON client over one pooled connection set."""
+    """A small async JSON client over pooled connections (requests and watches apart)."""
 
     def __init__(self, http: Session, config: SingleConfig, credentials: Credentials) -> None:
         self.http = http
@@ -176,7 +176,8 @@ class Kube:
             raise ValueError(f"kubeconfig: {e or 'no user in the current context'}") from None
         # Every connection kept for reuse: with 20 kept, a scheduler with 16 workers beside
         # its watches closed connections after use and opened (TLS handshake) new ones at
-        # every request in a burst (a fifth of its CPU time).
+        # every request in a burst (a fifth of its CPU time). Watches are not counted: they
+        # have a pool of their own (`Session`).
         server = str(kwargs["base_url"])
         http = Session(
             server,
@@ -185,6 +186,11 @@ class Kube:
             max_connections=100,
         )
         return cls(http, config, Credentials(kwargs["auth"]))
+
+    def own_connections(self, max_connections: int) -> Kube:
+        """The same server and credentials over connections of its own: what it sends never
+        waits for a connection the rest of the process holds (the leader's Lease)."""
+        return Kube(self.http.sibling(max_connections), self.config, self.credentials)
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -340,7 +346,8 @@ class Kube:
         params: Mapping[str, Any] | None = None,
     ) -> AsyncIterator[JSON]:
         """One watch stream: yields raw watch events until the server closes it.
-        An ERROR event is raised as ApiError (410 Gone among them)."""
+        An ERROR event is raised as ApiError (410 Gone among them). It holds a connection of
+        the streams' pool, never one a request waits for."""
         query = {"watch": "true", **(params or {})}
         headers = {"Accept": "application/json", **await self.credentials.headers()}
         async with self.http.stream(
