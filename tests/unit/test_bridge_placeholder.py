@@ -190,6 +190,21 @@ def test_annotations_override_partition_name_cpus_memory_and_gres() -> None:
     assert j["tres_per_node"] == "gres/gpu:a100:1"
 
 
+def test_size_annotations_never_make_the_job_smaller_than_the_pod() -> None:
+    # The containers use 4 CPUs and 2 GiB (a limit counts); the annotations ask for less:
+    # Slurm must still reserve what the pod takes on the node.
+    p = pod(
+        container(requests={"cpu": "2", "memory": "1Gi"}, limits={"cpu": "4", "memory": "2Gi"}),
+        annotations={"cpu-per-task": "1", "mem-per-node": "512"},
+    )
+    j = job(p)
+    assert j["cpus_per_task"] == 4
+    assert j["memory_per_node"] == {"set": True, "number": 2048}
+    # The same holds for every pod of a group, whose root's annotations are merged in.
+    assert placeholder.at_least_the_pods(p, "cpu-per-task", 4) == 4
+    assert placeholder.at_least_the_pods(p, "mem-per-node", 100) == 512
+
+
 def test_text_annotations_pass_through_and_ids_become_strings() -> None:
     j = job(
         pod(

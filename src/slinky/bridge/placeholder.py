@@ -13,7 +13,8 @@ rules are tested by value:
   whole CPUs and MiB. A pod asking for no memory gets 1 MiB, as Slurm reads 0 as "all of it";
 - GPUs (`nvidia.com/gpu`, `amd.com/gpu`) become `gres/gpu:<n>` per node;
 - the `slurmjob.slinky.slurm.net/*` annotations override or add the rest; exclusive nodes
-  unless `exclusive: "false"`;
+  unless `exclusive: "false"`; `cpu-per-task` and `mem-per-node` can only raise the size:
+  below what the containers use, the containers' value is taken;
 - who the job runs as, and the account, QOS, partition, reservation and priority it may
   name, are the tenancy policy's (see `policy`): an annotation asking for more is refused
   (`PolicyDenied`);
@@ -157,6 +158,15 @@ def time_limit_minutes(pod: JSON) -> int | None:
     return None
 
 
+def at_least_the_pods(pod: JSON, short: str, used: int) -> int:
+    """The size annotation `short` (CPUs, MiB) where it asks for more than the pod's
+    containers use (`used`), else `used`: Slurm never reserves less than the pod takes on
+    the node, whatever the annotation says (a smaller one would let another job share what
+    the pod uses)."""
+    asked = _whole(pod, short, least=1)
+    return used if asked is None else max(asked, used)
+
+
 def job_name(pod: JSON) -> str:
     return _annotation(pod, "job-name") or pod_key(pod)
 
@@ -298,10 +308,10 @@ def job_description(pod: JSON, config: BridgeConfig) -> JSON:
         "maximum_nodes": 1,
         "tasks": 1,
         "tasks_per_node": 1,
-        "cpus_per_task": _whole(pod, "cpu-per-task", least=1) or cpus(pod),
+        "cpus_per_task": at_least_the_pods(pod, "cpu-per-task", cpus(pod)),
         "memory_per_node": {
             "set": True,
-            "number": _whole(pod, "mem-per-node", least=1) or memory_mib(pod),
+            "number": at_least_the_pods(pod, "mem-per-node", memory_mib(pod)),
         },
     }
     if config.mcs_label:
