@@ -353,6 +353,13 @@ class JobWatch(BackgroundLoop):
         if not job.is_pending:
             self._settle(job_id)
 
+    def known(self, job_id: int) -> bool:
+        """Whether the watch holds a read of `job_id` made under the slurmctld that runs now
+        (as far as the looks know): one to act on; else the caller reads it."""
+        if job_id not in self.jobs:
+            return False
+        return self.slurmctld is None or self._read_under.get(job_id, _UNREAD) == self._start
+
     def _settle(self, job_id: int) -> None:
         self._fast.pop(job_id, None)
         self._pass_looks.pop(job_id, None)
@@ -398,10 +405,10 @@ class JobWatch(BackgroundLoop):
         """Whether the state answer says nothing new about a tracked job. A pending job is
         read in full now and then all the same (PENDING_FULL_READ_S): its reason is what the
         pod's condition says."""
-        if job_id not in self.jobs:
-            return False  # never read in full: its nodes and comment are not known
-        if self.slurmctld is not None and self._read_under.get(job_id, _UNREAD) != self._start:
-            return False  # read from an earlier slurmctld: the id may be another job's now
+        if not self.known(job_id):
+            # Never read in full (its nodes and comment are not known), or read from an
+            # earlier slurmctld: the id may be another job's now.
+            return False
         job = self.jobs[job_id]
         if state is None:
             return job is None

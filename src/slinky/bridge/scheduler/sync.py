@@ -705,7 +705,7 @@ class SchedulerSync:
     # ------------------------------------------------------------ 2. place
 
     async def job(self, job_id: int) -> Job | None:
-        if job_id in self.watch.jobs:
+        if self.watch.known(job_id):
             return self.watch.jobs[job_id]
         return await self.watch.read(job_id)
 

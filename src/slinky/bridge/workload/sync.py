@@ -217,7 +217,7 @@ class WorkloadSync:
         not for a job about to be cancelled."""
         if track:
             self.watch.track(job_id)
-        if job_id in self.watch.jobs:
+        if self.watch.known(job_id):
             return self.watch.jobs[job_id]
         lent = self.watch.borrow(job_id, track=track)  # the scheduler read it just now?
         return lent if lent is not None else await self.watch.read(job_id)
