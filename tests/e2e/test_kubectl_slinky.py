@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import socket
 import sys
 from typing import Any
 
@@ -105,9 +106,36 @@ async def test_status_and_a_scale_in_plan_match_kubernetes_slurm_and_what_happen
     await env.completed_once(job)
 
 
+async def slinky_text(env: Env, *args: str) -> tuple[int, str, str]:
+    """Run the plugin as a process, text out: exit status, stdout, stderr."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "slinky.kubectl.main",
+        *args,
+        f"--kubeconfig={env.testbed.kubeconfig}",
+        "-n",
+        env.namespace,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
 async def test_why_a_pod_that_waits_for_its_job_names_the_job(env: Env) -> None:
     await env.kube.create(NODESETS, nodeset_manifest("why", 1), env.namespace)
     (name,) = await wait_idle_nodes(env, "why", 1)
+    # Slurm unreachable (nothing listens at that port): the pod's Slurm node is unknown,
+    # not "not registered", the hint names --slurm-server, and no aiohttp session leaks.
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        closed = f"http://127.0.0.1:{held.getsockname()[1]}"
+        rc, out, err = await slinky_text(env, "status", "why", f"--slurm-server={closed}")
+    assert rc == 0, err
+    assert "unknown: Slurm unreachable" in out and "not registered" not in out, out
+    assert "--slurm-server=" in out.splitlines()[-1], out
+    assert "Unclosed" not in err and err == "", err
     job = await env.submit("why", 15)
     await env.running_on(job)
     await env.scale("why", 0)

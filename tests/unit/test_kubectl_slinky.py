@@ -4,14 +4,17 @@ and slurmrestd return them, a fixed clock): the printed text is compared whole."
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import json
+from typing import Any, cast
 
 import pytest
 
 from slinky.kubectl import plan, status, why
 from slinky.kubectl.main import build_parser
-from slinky.kubectl.world import SlurmSide, World
-from slinky.slurm.models import Job, Node
+from slinky.kubectl.world import SlurmSide, World, read_slurm
+from slinky.slurm.models import Job, Node, Partition
 from slinky.types import JSON
 
 NOW = 1_800_000_000.0  # 2027-01-15 08:00:00Z
@@ -317,3 +320,82 @@ def test_plan_delete_says_a_queued_job_larger_than_the_nodeset_blocks_it() -> No
     data = plan.plan_delete(w, "compute")
     assert data["completesAt"] is None
     assert any("more nodes than the NodeSet has" in n for n in data["notes"])
+
+
+def test_plan_delete_of_idle_nodes_with_a_queued_job_of_no_limit_blames_no_running_job() -> None:
+    """No job holds the idle nodes: the queued job that runs there first is named, and with
+    its partition's MaxTime known that limit is the bound."""
+    w = world()
+    w.pods = [p for p in w.pods if p["metadata"]["name"] != "compute-0"]  # 2 idle, 1 gone
+    w.slurm["slurm/slurm"].jobs = {
+        9: job(9, "", state="PENDING", minutes_left=None, count=2, limit=None)
+    }
+    data = plan.plan_delete(w, "compute")
+    out = plan.text(data)
+    assert "without a time limit holds" not in out and "(a job without a time limit)" not in out
+    assert "queued job 9 has no time limit and runs on compute-1, compute-2 first" in out
+    w.slurm["slurm/slurm"].partitions = {
+        "compute": Partition.parse(
+            {"name": "compute", "maximums": {"time": {"set": True, "number": 60}}}
+        )
+    }
+    data = plan.plan_delete(w, "compute")
+    assert data["completesIn"] == 60 * 60, plan.text(data)
+
+
+def test_plan_delete_blocked_by_a_too_large_queued_job_says_that_and_not_time_limits() -> None:
+    w = world()
+    w.slurm["slurm/slurm"].jobs[9] = job(9, "", state="PENDING", minutes_left=None, count=5)
+    out = plan.text(plan.plan_delete(w, "compute"))
+    assert "without a time limit" not in out, out
+    assert "completes: unknown (see the notes)" in out
+
+
+STATUS_UNREACHABLE = """\
+Cluster slurm/slurm: Ready; slurmrestd http://slurm:6820
+  cannot read Slurm: slurmrestd http://slurm:6820 unreachable (GET /nodes): refused
+
+NodeSet slurm/compute (partition compute): desired 3, ready 3, idle, allocated, draining, down: unknown (Slurm not read)
+  ! SlurmNodesResponding=False SlurmNodeNotResponding: compute-2 does not respond
+  POD         READY   PHASE     NODE     SLURM STATE                  WHY   JOBS
+  compute-0   1/1     Running   node-0   unknown: Slurm unreachable   -     unknown
+  compute-1   1/1     Running   node-1   unknown: Slurm unreachable   -     unknown
+  compute-2   1/1     Running   node-1   unknown: Slurm unreachable   -     unknown
+
+Bridge pods
+  POD        PHASE     NODE   JOB   JOB STATE   WHY
+  apps/web   Pending   -      20    unknown     SlurmPending: job 20 waits: Resources
+
+Slurm of Cluster slurm/slurm not read: where http://slurm:6820 is reachable only inside the cluster, forward it (kubectl -n slurm port-forward svc/slurm 6820) and pass --slurm-server=http://127.0.0.1:6820
+why is web Pending: kubectl slinky why web -n apps"""
+
+
+def test_status_with_slurm_unreachable_says_unknown_not_unregistered() -> None:
+    w = world()
+    w.slurm["slurm/slurm"] = SlurmSide(
+        "slurm/slurm",
+        "http://slurm:6820",
+        error="slurmrestd http://slurm:6820 unreachable (GET /nodes): refused",
+        unreachable=True,
+    )
+    out = status.text(status.build(w))
+    assert "not registered" not in out and "not found in Slurm" not in out
+    assert out == STATUS_UNREACHABLE
+
+
+async def test_reading_an_unreachable_slurm_leaves_no_request_running(
+    unused_tcp_port: int,
+) -> None:
+    """All three lists end before the client is closed: one left running would open a new
+    session after the close (aiohttp's "Unclosed client session" at exit)."""
+
+    class Kube:
+        async def get(self, res: object, name: str, ns: str) -> JSON:
+            return {"data": {"jwt_hs256.key": base64.b64encode(b"k" * 32).decode()}}
+
+    cluster = world().clusters[0]
+    server = f"http://127.0.0.1:{unused_tcp_port}"  # nothing listens there
+    side = await read_slurm(cast(Any, Kube()), cluster, server=server)
+    assert side.unreachable and "unreachable" in side.error
+    others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    assert others == []

@@ -24,7 +24,7 @@ from slinky.operator.nodeset import pods, scalein, sync, update
 from slinky.operator.nodeset.partition import claimed_by, runs_first
 from slinky.operator.nodeset.view import View
 from slinky.slurm.informer import SlurmInformer
-from slinky.slurm.models import Job
+from slinky.slurm.models import Job, Partition, number
 from slinky.types import JSON
 
 # What a replacement pod takes from deletion to a registered slurmd (the rollout's next
@@ -93,6 +93,11 @@ def latest_end(jobs: list[Job], now: float) -> float | None:
     return max([now, *(float(e) for e in ends)])
 
 
+# Why a pod's departure is unknown: the note `_finish` writes for the pods of each (None:
+# another note says it already).
+NO_LIMIT = "a job without a time limit holds {pods}: the end is unknown"
+
+
 def step(view: View, side: SlurmSide, pod: JSON, now: float, start: float) -> JSON:
     """One pod leaving: the jobs that block it, and when it goes at the latest."""
     name = pods.name(pod)
@@ -107,20 +112,33 @@ def step(view: View, side: SlurmSide, pod: JSON, now: float, start: float) -> JS
         "jobs": [job_entry(j, now) for j in jobs],
         "goesAt": goes,
         "goesIn": None if goes is None else max(0, int(goes - now)),
+        "unknownBecause": NO_LIMIT if goes is None else None,
     }
+
+
+def unknown(s: JSON, note: str | None) -> None:
+    """The step's departure becomes unknown, for the reason `note` gives."""
+    s["goesAt"] = s["goesIn"] = None
+    s["unknownBecause"] = note
 
 
 def _finish(plan: JSON, steps: list[JSON], now: float) -> JSON:
     unknown = [s for s in steps if s["goesAt"] is None]
     done = None if unknown else max([now, *(s["goesAt"] for s in steps)])
+    reasons: dict[str | None, list[str]] = {}
+    for s in unknown:
+        reasons.setdefault(s.get("unknownBecause"), []).append(s["pod"])
     plan["steps"] = sorted(steps, key=lambda s: (s["goesAt"] is None, s["goesAt"] or 0))
     for i, s in enumerate(plan["steps"], 1):
         s["order"] = i
     plan["completesAt"] = done
     plan["completesIn"] = None if done is None else max(0, int(done - now))
-    if unknown:
-        names = ", ".join(s["pod"] for s in unknown)
-        plan["notes"].append(f"a job without a time limit holds {names}: the end is unknown")
+    for note, names in reasons.items():
+        if note:
+            plan["notes"].append(note.format(pods=", ".join(names)))
+    plan["unknownBecause"] = [
+        n.format(pods=", ".join(names)) if n else "see the notes" for n, names in reasons.items()
+    ]
     return plan
 
 
@@ -178,7 +196,8 @@ def plan_delete(world: World, name: str) -> JSON:
         )
     plan["queued"] = [job_entry(j, now) for j in queued]
     if queued and steps:
-        too_big = _run_queued(steps, queued, now)
+        default = side.partitions.get(partition or "")
+        too_big = _run_queued(steps, queued, now, partition_time_limit(default))
         if too_big:
             ids = ", ".join(str(j.job_id) for j in too_big)
             plan["notes"].append(
@@ -186,14 +205,29 @@ def plan_delete(world: World, name: str) -> JSON:
                 "until they are cancelled (or annotate the NodeSet to skip the drain)"
             )
             for s in steps:
-                s["goesAt"] = s["goesIn"] = None
+                unknown(s, None)
     return _finish(plan, steps, now)
 
 
-def _run_queued(steps: list[JSON], queued: list[Job], now: float) -> list[Job]:
+def partition_time_limit(partition: Partition | None) -> int | None:
+    """The minutes a job without its own limit gets there: DefaultTime, else MaxTime."""
+    if partition is None:
+        return None
+    for group in ("defaults", "maximums"):
+        minutes = number((partition.raw.get(group) or {}).get("time"))
+        if minutes is not None:
+            return minutes
+    return None
+
+
+def _run_queued(
+    steps: list[JSON], queued: list[Job], now: float, default_limit: int | None
+) -> list[Job]:
     """Place the queued jobs on the nodes as they free (earliest first) and push each node's
-    departure past the jobs placed on it. None stays None (no limit: unknown). Returns the
-    jobs that never fit on these nodes (the deletion waits for them for ever)."""
+    departure past the jobs placed on it; a job without a limit of its own gets the
+    partition's (`default_limit`). None stays None (no limit: unknown), and a node a queued
+    job without any limit takes says so. Returns the jobs that never fit on these nodes
+    (the deletion waits for them for ever)."""
     too_big: list[Job] = []
     free = [
         (s["goesAt"] if s["goesAt"] is not None else float("inf"), i) for i, s in enumerate(steps)
@@ -206,13 +240,26 @@ def _run_queued(steps: list[JSON], queued: list[Job], now: float) -> list[Job]:
             continue
         taken = [heapq.heappop(free) for _ in range(count)]
         start = max(t for t, _ in taken)
-        limit = job.time_limit_min
+        limit = job.time_limit_min if job.time_limit_min is not None else default_limit
         end = float("inf") if limit is None or start == float("inf") else start + 60.0 * limit
+        if end == float("inf"):
+            # Unknown from now on: a queued job without a limit runs there, or the job
+            # waits for a node whose departure is unknown already (its reason carries over).
+            note = (
+                next(steps[i]["unknownBecause"] for t, i in taken if t == float("inf"))
+                if start == float("inf")
+                else f"queued job {job.job_id} has no time limit and runs on {{pods}} first: "
+                "the end is unknown"
+            )
+            for _, i in taken:
+                if steps[i]["goesAt"] is not None:
+                    unknown(steps[i], note)
         for _, i in taken:
             heapq.heappush(free, (end, i))
     for end, i in free:
-        steps[i]["goesAt"] = None if end == float("inf") else end
-        steps[i]["goesIn"] = None if end == float("inf") else max(0, int(end - now))
+        if end != float("inf"):
+            steps[i]["goesAt"] = end
+            steps[i]["goesIn"] = max(0, int(end - now))
     return too_big
 
 
@@ -350,7 +397,14 @@ def text(plan: JSON, style: Style = render.PLAIN) -> str:
     for note in plan["notes"]:
         out.append(f"  note: {note}")
     if plan["completesAt"] is None:
-        out.append(style("  completes: unknown (a job without a time limit)", "yellow"))
+        why = (
+            "a job without a time limit"
+            if all(
+                s.get("unknownBecause") == NO_LIMIT for s in plan["steps"] if s["goesAt"] is None
+            )
+            else "see the notes"
+        )
+        out.append(style(f"  completes: unknown ({why})", "yellow"))
     elif plan["completesIn"] == 0:
         out.append(style("  completes: at once (nothing runs on these nodes)", "green"))
     else:

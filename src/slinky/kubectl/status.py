@@ -4,6 +4,8 @@ something waits; the bridge's pods with their placeholder jobs."""
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from slinky.kubectl import render
 from slinky.kubectl.render import Style
 from slinky.kubectl.world import BRIDGE_JOBID_LABEL, SlurmSide, World
@@ -76,6 +78,7 @@ def pod_entry(pod: JSON, side: SlurmSide | None, now: float) -> JSON:
     if node is not None and not belongs_to(node, meta["namespace"], name):
         node = None  # a Slurm node of that name, but another pod's
     statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    known = side is not None and not side.error
     return {
         "name": name,
         "phase": "Terminating" if meta.get("deletionTimestamp") else podfacts.phase(pod),
@@ -83,6 +86,8 @@ def pod_entry(pod: JSON, side: SlurmSide | None, now: float) -> JSON:
         "kubeNode": podfacts.node_name(pod),
         "slurmState": str(node.state) if node else None,
         "slurmReason": (node.reason or None) if node else None,
+        # Slurm not read: no node and no jobs say nothing (null slurmState is not "gone").
+        "slurmUnknown": None if known else unknown_why(side),
         "condemned": podfacts.condemned(pod),
         # Since when, and when its node's jobs end at the latest (the operator's record).
         "condemnedAt": podfacts.annotation(pod, ANNOTATION_CONDEMNED_AT),
@@ -90,6 +95,12 @@ def pod_entry(pod: JSON, side: SlurmSide | None, now: float) -> JSON:
         "busyProtected": (meta.get("labels") or {}).get(LABEL_PROTECT) == "true",
         "jobs": [job_entry(j, now) for j in side.jobs_on(name)] if side and node else [],
     }
+
+
+def unknown_why(side: SlurmSide | None) -> str:
+    if side is None:
+        return "no Cluster"
+    return "Slurm unreachable" if side.unreachable else "Slurm not read"
 
 
 def hpa_for(world: World, nodeset: JSON) -> JSON | None:
@@ -135,6 +146,7 @@ def nodeset_entry(world: World, nodeset: JSON) -> JSON:
         "draining": sum(1 for m in members if m["condemned"] or "DRAIN" in (m["slurmState"] or "")),
         "down": sum(1 for s in states if "DOWN" in s or "NOT_RESPONDING" in s),
         "queued": len(side.queued_in(nodeset_partition(nodeset))) if side and partition else 0,
+        "slurmKnown": side is not None and not side.error,
         "conditionsWaiting": conditions_waiting(nodeset),
         "hpa": hpa_for(world, nodeset),
         "pods": members,
@@ -154,7 +166,7 @@ def bridge_entry(world: World, pod: JSON) -> JSON:
         "phase": "Terminating" if meta.get("deletionTimestamp") else podfacts.phase(pod),
         "kubeNode": podfacts.node_name(pod),
         "jobId": job_id,
-        "jobState": "+".join(job.state) if job else ("not found in Slurm" if job_id else None),
+        "jobState": "+".join(job.state) if job else (_missing(world) if job_id else None),
         "jobNodes": job.nodes if job else None,
         "jobReason": job.state_reason if job and job.state_reason not in ("", "None") else None,
         "unscheduledReason": (
@@ -163,6 +175,11 @@ def bridge_entry(world: World, pod: JSON) -> JSON:
             else None
         ),
     }
+
+
+def _missing(world: World) -> str:
+    """A placeholder job not in any Slurm read: unknown while one could not be read."""
+    return "unknown" if any(s.error for s in world.slurm.values()) else "not found in Slurm"
 
 
 def cluster_entry(world: World, cluster: JSON) -> JSON:
@@ -177,6 +194,7 @@ def cluster_entry(world: World, cluster: JSON) -> JSON:
         "message": ready.get("message", ""),
         "server": side.server if side else None,
         "slurmError": (side.error or None) if side else None,
+        "slurmUnreachable": bool(side and side.unreachable),
         "slurmNodes": len(side.nodes) if side else None,
         "slurmJobs": sum(1 for j in side.jobs.values() if not j.is_finished) if side else None,
     }
@@ -246,11 +264,18 @@ def text(data: JSON, style: Style = render.PLAIN) -> str:
             out.append(style(f"  cannot read Slurm: {c['slurmError']}", "red"))
     for n in data["nodesets"]:
         out.append("")
-        part = f" (partition {n['partition']}, {n['queued']} queued)" if n["partition"] else ""
+        known = n.get("slurmKnown", True)
+        queued = f", {n['queued']} queued" if known else ""
+        part = f" (partition {n['partition']}{queued})" if n["partition"] else ""
+        counts = (
+            f"idle {n['idle']}, allocated {n['allocated']}, draining {n['draining']}, "
+            f"down {n['down']}"
+            if known
+            else "idle, allocated, draining, down: unknown (Slurm not read)"
+        )
         out.append(
             f"{style('NodeSet ' + n['namespace'] + '/' + n['name'], 'bold')}{part}: "
-            f"desired {n['desired']}, ready {n['ready']}, idle {n['idle']}, "
-            f"allocated {n['allocated']}, draining {n['draining']}, down {n['down']}"
+            f"desired {n['desired']}, ready {n['ready']}, {counts}"
         )
         if hpa := n["hpa"]:
             out.append(
@@ -273,14 +298,14 @@ def text(data: JSON, style: Style = render.PLAIN) -> str:
                 p["ready"],
                 render.coloured_state(style, p["phase"]),
                 p["kubeNode"] or "-",
-                render.coloured_state(style, p["slurmState"] or "not registered"),
+                render.coloured_state(style, slurm_state_text(p)),
                 " ".join(
                     filter(
                         None, [p["condemned"] and f"condemned: {p['condemned']}", p["slurmReason"]]
                     )
                 )
                 or "-",
-                jobs_text(p["jobs"]),
+                "unknown" if p["slurmUnknown"] else jobs_text(p["jobs"]),
             ]
             for p in n["pods"]
         ]
@@ -317,9 +342,36 @@ def text(data: JSON, style: Style = render.PLAIN) -> str:
     return "\n".join(out)
 
 
+def slurm_state_text(pod: JSON) -> str:
+    """A pod's Slurm node as the tables show it: its state, "not registered" only when
+    Slurm was read and has no node of the pod, else why it is unknown."""
+    if pod["slurmState"]:
+        return str(pod["slurmState"])
+    unknown = pod.get("slurmUnknown")
+    return f"unknown: {unknown}" if unknown else "not registered"
+
+
+def forward_hint(cluster: JSON) -> str:
+    """How to reach a Cluster's slurmrestd that did not answer: its address may be one only
+    pods reach (a Service's name), so forward it and say where with --slurm-server."""
+    server = str(cluster["server"] or "")
+    where = f"Slurm of Cluster {cluster['namespace']}/{cluster['name']} not read"
+    url = urlsplit(server)
+    host, port = url.hostname or "", url.port or 6820
+    if not host or host == "localhost" or host.replace(".", "").isdigit() or ":" in host:
+        return f"{where}: is slurmrestd up at {server}? Another address: --slurm-server=URL"
+    svc, _, rest = host.partition(".")
+    ns = rest.split(".")[0] if rest else cluster["namespace"]
+    return (
+        f"{where}: where {server} is reachable only inside the cluster, forward it "
+        f"(kubectl -n {ns} port-forward svc/{svc} {port}) and pass "
+        f"--slurm-server=http://127.0.0.1:{port}"
+    )
+
+
 def _hints(data: JSON) -> list[str]:
     """What to run next, as `kubectl cnpg status` says."""
-    hints = []
+    hints = [forward_hint(c) for c in data["clusters"] if c.get("slurmUnreachable")]
     for n in data["nodesets"]:
         for p in n["pods"]:
             if p["condemned"] or p["phase"] == "Terminating":

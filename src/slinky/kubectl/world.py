@@ -38,6 +38,7 @@ class SlurmSide:
     jobs: dict[int, Job] = field(default_factory=dict)
     partitions: dict[str, Partition] = field(default_factory=dict)
     error: str = ""
+    unreachable: bool = False  # slurmrestd did not answer (the error says where)
 
     def jobs_on(self, node: str) -> list[Job]:
         """Jobs that hold `node` now (running, suspended or completing)."""
@@ -150,16 +151,27 @@ async def read_slurm(kube: rest.Kube, cluster: JSON, *, server: str | None = Non
         return side
     client = SlurmClient(side.server, auth.make_tokens(), timeout=SLURM_TIMEOUT_S, retries=1)
     try:
-        (nodes, _), (jobs, _), partitions = await asyncio.gather(
-            client.list_nodes(), client.list_jobs(), client.list_partitions()
+        # Every list ends before the client closes: one still running when another failed
+        # would open a new session after the close, never closed.
+        answers = await asyncio.gather(
+            client.list_nodes(),
+            client.list_jobs(),
+            client.list_partitions(),
+            return_exceptions=True,
         )
-        side.nodes = {n.name: n for n in nodes or []}
-        side.jobs = {j.job_id: j for j in jobs or []}
-        side.partitions = {p.name: p for p in partitions}
-    except errors.SlurmError as e:
-        side.error = f"slurmrestd {side.server}: {e}"
     finally:
         await client.close()
+    for answer in answers:
+        if isinstance(answer, errors.SlurmError):
+            side.unreachable = isinstance(answer, errors.SlurmUnavailable)
+            side.error = str(answer) if side.unreachable else f"slurmrestd {side.server}: {answer}"
+            return side
+        if isinstance(answer, BaseException):
+            raise answer
+    (nodes, _), (jobs, _), partitions = cast(Any, answers)
+    side.nodes = {n.name: n for n in nodes or []}
+    side.jobs = {j.job_id: j for j in jobs or []}
+    side.partitions = {p.name: p for p in partitions}
     return side
 
 
