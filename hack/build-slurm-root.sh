@@ -12,7 +12,7 @@ SUITE="${SLURM_SUITE:-sid}"
 TARBALL="$CACHE/slurm-root-$SUITE.tar.zst"
 PACKAGES="slurmctld slurmd slurmrestd slurm-client slurm-wlm-jwt-plugin systemd-standalone-sysusers etcd-server \
 slurmdbd slurm-wlm-mysql-plugin sackd libpam-slurm-adopt openssh-server openssh-client \
-sssd-ldap libnss-sss libpam-sss libnss-extrausers mariadb-server slapd ldap-utils"
+sssd-ldap libnss-sss libpam-sss libnss-extrausers ca-certificates mariadb-server slapd ldap-utils"
 STAMP="$SUITE|$PACKAGES|v2"
 
 install_etcd() {

@@ -410,6 +410,20 @@ resolve users from the directory; the pod's other containers reach it through it
   volumeMounts:
     - {name: sssd-config, mountPath: /mnt/sssd, readOnly: true}
     - {name: sssd-pipes, mountPath: /var/lib/sss/pipes}
+    {{- if or $s.caCert.configMap $s.caCert.secret }}
+    - {name: sssd-ca, mountPath: /etc/sssd/ca, readOnly: true}
+    {{- end }}
+{{- end }}
+{{- end }}
+
+{{- /* The CA file SSSD checks the directory's certificate with (ldap_tls_cacert): the site's
+CA (sssd.caCert, mounted by the sidecar) or the image's public CA bundle. */ -}}
+{{- define "slurm.sssdCaCert" -}}
+{{- $c := .Values.sssd.caCert }}
+{{- if or $c.configMap $c.secret -}}
+/etc/sssd/ca/ca.crt
+{{- else -}}
+/etc/ssl/certs/ca-certificates.crt
 {{- end }}
 {{- end }}
 
@@ -427,6 +441,19 @@ resolve users from the directory; the pod's other containers reach it through it
     name: {{ include "slurm.prefix" . }}-sssd
 - name: sssd-pipes
   emptyDir: {}
+{{- with .Values.sssd.caCert }}
+{{- if .configMap }}
+- name: sssd-ca
+  configMap:
+    name: {{ .configMap }}
+    items: [{key: {{ .key | quote }}, path: ca.crt}]
+{{- else if .secret }}
+- name: sssd-ca
+  secret:
+    secretName: {{ .secret }}
+    items: [{key: {{ .key | quote }}, path: ca.crt}]
+{{- end }}
+{{- end }}
 {{- end }}
 {{- end }}
 
