@@ -468,6 +468,24 @@ async def test_invalid_custom_resources_are_rejected_naming_the_field(
     assert "spec.template" in msg and "container named slurmd" in msg, msg
     zero = nodeset("d", updateStrategy={"rollingUpdate": {"maxUnavailable": 0}})
     assert "maxUnavailable" in await rejected(kube, NODESETS, zero, namespace)
+    # A typo in the pod template is refused as in a StatefulSet (the schema was
+    # x-kubernetes-preserve-unknown-fields: `resurces` was kept and the pod had no limits).
+    typo = nodeset("t")
+    typo["spec"]["template"]["spec"]["containers"][0]["resurces"] = {"limits": {"cpu": 1}}
+    msg = await rejected(kube, NODESETS, typo, namespace)
+    assert 'unknown field "spec.template.spec.containers[0].resurces"' in msg, msg
+    typo["spec"]["template"]["spec"]["containers"][0].pop("resurces")
+    typo["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limts": {"cpu": 1}}
+    msg = await rejected(kube, NODESETS, typo, namespace)
+    assert 'unknown field "spec.template.spec.containers[0].resources.limts"' in msg, msg
+    # What kubectl's dry-run writes (a null creationTimestamp) and a float quantity still fit.
+    fine = nodeset("f", replicas=0)
+    fine["spec"]["template"]["metadata"]["creationTimestamp"] = None
+    fine["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": 0.5}}
+    made = await kube.request(
+        "POST", NODESETS.path(namespace), body=fine, params={"fieldValidation": "Strict"}
+    )
+    assert made["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["cpu"] == 0.5
     msg = await rejected(
         kube, CLUSTERS, cluster("e", "not-a-url", token={"secretRef": "x"}), namespace
     )

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 
 from slinky.api.schema import ParseError, dump, parse
-from slinky.api.v1alpha1 import crds
+from slinky.api.v1alpha1 import crds, podtemplate
 from slinky.api.v1alpha1.cluster import ClusterSpec
 from slinky.api.v1alpha1.common import parse_duration
 from slinky.api.v1alpha1.nodeset import NodeSetSpec
+from tests.unit.test_helm_charts import _schema_problems
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -83,3 +86,91 @@ def test_durations() -> None:
     assert parse_duration("500ms") == 0.5
     with pytest.raises(ValueError):
         parse_duration("0s")
+
+
+def _template_schema() -> dict[str, Any]:
+    ns = crds.crds()["slinky.slurm.net_nodesets.yaml"]
+    root = ns["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    schema: dict[str, Any] = root["properties"]["spec"]["properties"]["template"]
+    return schema
+
+
+def _template(**container: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"labels": {"app": "a"}},
+        "spec": {
+            "containers": [{"name": "slurmd", "image": "slurmd", **container}],
+            "volumes": [{"name": "v", "emptyDir": {"sizeLimit": "1Gi"}}],
+        },
+    }
+
+
+def test_a_typo_in_the_pod_template_is_not_in_the_crd_schema() -> None:
+    """`resurces:` was kept under x-kubernetes-preserve-unknown-fields and ignored when the pod
+    was made (a Slurm node the host's size); the schema is PodTemplateSpec's own now, so the
+    apiserver refuses it (strict field validation) or prunes it, as for a StatefulSet."""
+    schema = _template_schema()
+    good = _template(
+        resources={"limits": {"cpu": 0.5, "memory": "1Gi"}, "requests": {"cpu": 1}},
+        ports=[{"containerPort": 6818, "protocol": "TCP"}],
+        livenessProbe={"tcpSocket": {"port": "slurmd"}},
+    )
+    assert _schema_problems(good, schema, "spec.template") == []
+    typo = _template(resurces={"limits": {"cpu": 1}})
+    assert _schema_problems(typo, schema, "spec.template") == [
+        "spec.template.spec.containers[0].resurces: not in the CRD schema (pruned)"
+    ]
+    limts = _template(resources={"limts": {"cpu": 1}})
+    assert _schema_problems(limts, schema, "spec.template") == [
+        "spec.template.spec.containers[0].resources.limts: not in the CRD schema (pruned)"
+    ]
+    spec_typo = _template()
+    spec_typo["spec"]["nodeSelecter"] = {"a": "b"}
+    assert _schema_problems(spec_typo, schema, "spec.template") == [
+        "spec.template.spec.nodeSelecter: not in the CRD schema (pruned)"
+    ]
+
+
+def test_the_template_schema_is_structural_and_changes_no_stored_template() -> None:
+    """No defaults (the apiserver would add them to every stored template, so every NodeSet's
+    revision, and its pods, would change on a CRD upgrade), no merge markers, no prose, no
+    unknown-field keeping except the quantities (an int, a float or a string); CEL reads
+    bounded labels and containers; the CRD fits kubectl's client-side apply annotation."""
+    schema = _template_schema()
+    kept: list[dict[str, Any]] = []
+    paths: list[str] = []
+
+    def walk(node: dict[str, Any], path: str) -> None:
+        assert "default" not in node, path
+        assert not [k for k in node if k.startswith("x-kubernetes-list")], path
+        assert "type" in node or node.keys() & {
+            "x-kubernetes-int-or-string",
+            "x-kubernetes-preserve-unknown-fields",
+        }, path
+        if node.get("x-kubernetes-preserve-unknown-fields"):
+            kept.append(node)
+            paths.append(path)
+        for key, sub in node.get("properties", {}).items():
+            walk(sub, f"{path}.{key}")
+        for key in ("items", "additionalProperties"):
+            if isinstance(node.get(key), dict):
+                walk(node[key], f"{path}{'[]' if key == 'items' else '.*'}")
+
+    walk(schema, "template")
+    # Quantities only: a value of any type, never an object that keeps unknown fields.
+    assert kept and all(node == {"x-kubernetes-preserve-unknown-fields": True} for node in kept)
+    assert "template.spec.containers[].resources.limits.*" in paths
+    assert schema["properties"]["metadata"]["properties"]["labels"]["maxProperties"] == 64
+    assert schema["properties"]["spec"]["properties"]["containers"]["maxItems"] == 256
+    size = len(json.dumps(crds.crds()["slinky.slurm.net_nodesets.yaml"], separators=(",", ":")))
+    assert size < 262144 // 2, f"{size} bytes: kubectl apply's last-applied annotation"
+
+
+def test_the_checked_in_openapi_copy_is_what_extract_makes() -> None:
+    """podtemplate.extract of the copy itself changes nothing: it holds PodTemplateSpec and
+    every definition it reaches, descriptions removed."""
+    defs = podtemplate.load()
+    document = {"components": {"schemas": defs}}
+    assert podtemplate.extract(document) == defs
+    assert "io.k8s.api.core.v1.ResourceRequirements" in defs
+    assert "description" not in json.dumps(defs).replace('"description":{', "")

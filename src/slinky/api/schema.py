@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import types
 import typing
+from collections.abc import Callable
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from slinky.types import JSON
@@ -34,10 +35,12 @@ def prop(
     pattern: str | None = None,
     format: str | None = None,
     rules: list[tuple[str, str]] | None = None,
-    schema: JSON | None = None,
+    schema: JSON | Callable[[], JSON] | None = None,
     name: str | None = None,
 ) -> Any:
-    """A dataclass field carrying its schema facts. `rules` are (CEL rule, message) pairs."""
+    """A dataclass field carrying its schema facts. `rules` are (CEL rule, message) pairs.
+    `schema` replaces the generated one; a function is called only when a CRD is generated
+    (for a schema read from a file, which the controllers never need)."""
     meta = {
         "description": description,
         "required": required,
@@ -111,7 +114,10 @@ def object_schema(cls: type) -> JSON:
     for f in dataclasses.fields(cls):
         m = f.metadata
         key = wire_name(f)
-        s = dict(m["schema"]) if m.get("schema") else schema_of(hints[f.name])
+        given = m.get("schema")
+        if callable(given):
+            given = given()
+        s = dict(given) if given else schema_of(hints[f.name])
         if m.get("description"):
             s = {"description": m["description"], **s}
         for k in ("minimum", "maximum", "enum", "pattern", "format"):

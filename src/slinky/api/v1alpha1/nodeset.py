@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from slinky.api.schema import IntOrString, prop
+from slinky.api.v1alpha1 import podtemplate
 from slinky.api.v1alpha1.common import CONDITIONS_SCHEMA, Condition
 
 KIND = "NodeSet"
@@ -16,37 +17,21 @@ _LABELS = {
     "maxProperties": 64,
     "additionalProperties": {"type": "string", "maxLength": 63},
 }
-POD_TEMPLATE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "description": "Pod template (core/v1 PodTemplateSpec). The container named `slurmd` is "
-    "the Slurm node.",
-    "x-kubernetes-preserve-unknown-fields": True,
-    "properties": {
-        "metadata": {
-            "type": "object",
-            "x-kubernetes-preserve-unknown-fields": True,
-            "properties": {
-                "labels": _LABELS,
-                "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
-            },
-        },
-        "spec": {
-            "type": "object",
-            "x-kubernetes-preserve-unknown-fields": True,
-            "properties": {
-                "containers": {
-                    "type": "array",
-                    "maxItems": 256,
-                    "items": {
-                        "type": "object",
-                        "x-kubernetes-preserve-unknown-fields": True,
-                        "properties": {"name": {"type": "string", "maxLength": 253}},
-                    },
-                }
-            },
-        },
-    },
-}
+MAX_CONTAINERS = 256
+
+
+def pod_template_schema() -> dict[str, Any]:
+    """core/v1 PodTemplateSpec's own structure (podtemplate.py): an unknown field such as
+    `resurces:` is refused (kubectl's strict field validation) or pruned, as in a StatefulSet,
+    never kept and silently ignored when the pod is made."""
+    out = podtemplate.schema(_LABELS, MAX_CONTAINERS)
+    return {
+        "description": "Pod template (core/v1 PodTemplateSpec). The container named `slurmd` "
+        "is the Slurm node.",
+        **out,
+    }
+
+
 PVC_TEMPLATES_SCHEMA: dict[str, Any] = {
     "type": "array",
     "description": "PersistentVolumeClaims made for each pod, as in a StatefulSet.",
@@ -138,7 +123,7 @@ class NodeSetSpec:
     )
     template: dict[str, Any] = prop(
         required=True,
-        schema=POD_TEMPLATE_SCHEMA,
+        schema=pod_template_schema,
         rules=[
             (
                 "has(self.spec) && has(self.spec.containers) && "
