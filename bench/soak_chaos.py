@@ -26,10 +26,10 @@ from typing import Any
 from bench import soak_bed, soak_health
 from bench.soak_bed import NAMESPACE, NODESETS, SCALED_NODESET
 from bench.soak_health import UNREACHABLE
-from bench.soak_state import SUPERVISED, ActionRecord, Soak
+from bench.soak_state import SUPERVISED, ActionRecord, NodeFault, Soak
 from slinky.kube import rest
 from slinky.operator.resources import NODESETS as NODESET_RESOURCE
-from slinky_testbed import procs
+from slinky_testbed import nodes, procs
 from slinky_testbed.bed import TestbedError
 
 MEAN_GAP_S = 25.0  # between planned actions at intensity 1
@@ -187,6 +187,10 @@ async def nodes_fine(soak: Soak, since: float) -> list[str]:
     return [f"node {n['metadata']['name']} not Ready" for n in nodes if not soak_health.ready(n)]
 
 
+async def nodes_and_nodesets_fine(soak: Soak, since: float) -> list[str]:
+    return await nodes_fine(soak, since) + await nodesets_fine(soak, since)
+
+
 async def bridge_nodes_fine(soak: Soak, _since: float) -> list[str]:
     return await soak_health.bridge_nodes_problems(soak)
 
@@ -231,8 +235,14 @@ async def kill_apiserver(soak: Soak, rng: random.Random) -> str:
     return f"SIGKILL, started again after {down}s"
 
 
+def up_nodes(soak: Soak) -> list[str]:
+    """Real nodes whose kubelet runs (a lost node has none until its replacement)."""
+    state = soak.bed.load()
+    return sorted(n for n in state.real_nodes if f"kubelet-{n}" in state.pids)
+
+
 async def restart_kubelet(soak: Soak, rng: random.Random) -> str:
-    node = rng.choice(sorted(soak.bed.load().real_nodes))
+    node = rng.choice(up_nodes(soak))
     await on_bed(soak, soak.bed.restart_kubelet, node)
     return f"kubelet of {node} stopped (SIGTERM) and started again"
 
@@ -258,6 +268,120 @@ async def kill_slurmd(soak: Soak, rng: random.Random) -> str:
     left = await wait_until_fine(soak, restarted, 120)
     seen = "container restarted" if not left else left[0]
     return f"SIGKILL slurmd (pid {pid}) in pod {name} on {node}; Slurm node was {before}; {seen}"
+
+
+async def pods_on(soak: Soak, node: str) -> list[dict[str, Any]]:
+    """Every pod bound to `node`, any namespace."""
+    pods = (await soak.kube.list(rest.PODS))["items"]
+    return [p for p in pods if (p.get("spec") or {}).get("nodeName") == node]
+
+
+async def slurm_nodes_on(soak: Soak, node: str) -> list[str]:
+    """The Slurm nodes (slurmd pods, named alike) on `node` now."""
+    pods = await soak_health.slurmd_pods(soak)
+    return sorted(p["metadata"]["name"] for p in pods if p["spec"].get("nodeName") == node)
+
+
+async def node_not_ready(soak: Soak, node: str) -> list[str]:
+    try:
+        obj = await soak.kube.get(rest.NODES, node)
+    except rest.ApiError as e:
+        if e.not_found:
+            return []
+        raise
+    return [] if not soak_health.ready(obj) else [f"node {node} still Ready"]
+
+
+async def delete_node(soak: Soak, node: str) -> str:
+    """Delete the Node as a cloud provider's node controller does once the machine is gone
+    (retried while the apiserver may be down)."""
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            await soak.kube.delete(rest.NODES, node)
+            return "deleted"
+        except rest.ApiError as e:
+            if e.not_found:
+                return "already gone"
+            if time.monotonic() > deadline:
+                raise
+        except UNREACHABLE:
+            if time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(2)
+
+
+LOST_NOT_READY_WAIT_S = 120.0  # the kcm's node-monitor-grace-period is 60 s
+LOST_PODS_GONE_WAIT_S = 180.0  # the kcm's pod GC removes pods of a deleted Node
+
+
+async def lose_node(soak: Soak, rng: random.Random) -> str:
+    """A slurmd node's machine dies (kill -9 of everything on it); once its Node is NotReady
+    and a hold has passed, the soak deletes the Node as a cloud node controller would, waits
+    for its pods to go, and brings up a new machine of the same name. One slurmd node at
+    least stays up, and the bridge's node is never lost."""
+    candidates = [n for n in up_nodes(soak) if n != soak.bed.load().real_nodes[-1]]
+    if len(candidates) < 2:
+        return f"slurmd nodes up {candidates}: none lost (one at least stays)"
+    node = rng.choice(candidates)
+    hold = round(rng.uniform(5, 30), 1)
+    fault = NodeFault(time.time(), node, await slurm_nodes_on(soak, node))
+    soak.node_losses.append(fault)
+    killed = await on_bed(soak, soak.bed.lose_node, node)
+    t0 = time.monotonic()
+    left = await wait_until_fine(soak, lambda: node_not_ready(soak, node), LOST_NOT_READY_WAIT_S)
+    not_ready = f"NotReady after {time.monotonic() - t0:.0f}s" if not left else left[0]
+    await asyncio.sleep(hold)
+    deleted = await delete_node(soak, node)
+    t1 = time.monotonic()
+
+    async def pods_left() -> list[str]:
+        return [f"pod {p['metadata']['name']} still on {node}" for p in await pods_on(soak, node)]
+
+    left = await wait_until_fine(soak, pods_left, LOST_PODS_GONE_WAIT_S)
+    gone = f"its pods gone after {time.monotonic() - t1:.0f}s" if not left else "; ".join(left)
+    fault.until = time.time()
+    await on_bed(soak, soak.bed.replace_node, node)
+    return (
+        f"{node} lost ({killed} processes killed; slurmd pods {fault.slurm_nodes}); "
+        f"{not_ready}; Node {deleted} {hold}s later; {gone}; new machine {node} started"
+    )
+
+
+def _cut(soak: Soak, node: str) -> list[int]:
+    state = soak.bed.load()
+    try:
+        return nodes.cut_node(
+            soak.bed.names(state),
+            state.real_nodes.index(node),
+            state.pids[f"kubelet-{node}"][0],
+        )
+    except nodes.NodesError as e:
+        raise ChaosError(str(e)) from None
+
+
+def _restore(soak: Soak, node: str) -> None:
+    state = soak.bed.load()
+    nodes.restore_node(soak.bed.names(state), state.real_nodes.index(node))
+
+
+async def cut_node(soak: Soak, rng: random.Random) -> str:
+    """One real node (a slurmd node or the bridge's) cut off from slurmctld, the apiserver
+    and the other nodes for 30-90 s, inside the test bed's network namespace only."""
+    node = rng.choice(up_nodes(soak))
+    hold = round(rng.uniform(30, 90), 1)
+    fault = NodeFault(time.time(), node, await slurm_nodes_on(soak, node))
+    soak.node_cuts.append(fault)
+    try:
+        ports = await on_bed(soak, _cut, soak, node)
+        await asyncio.sleep(hold)
+    finally:
+        await on_bed(soak, _restore, soak, node)
+        fault.until = time.time()
+    return (
+        f"{node} cut off for {hold}s (slurmd pods {fault.slurm_nodes}; the kubelet's "
+        f"connections from ports {ports} and its new ones dropped)"
+    )
 
 
 def container_of(pod: dict[str, Any]) -> str:
@@ -413,6 +537,14 @@ CHAOS: tuple[Chaos, ...] = (
           apiserver_fine),
     Chaos("restart-kubelet", 1, "restart one real node's kubelet (SIGTERM, start)",
           "every node Ready", restart_kubelet, nodes_fine),
+    Chaos("lose-node", 1, "kill -9 everything of one slurmd node (a dead machine: kubelet, "
+          "containerd, pods), delete its Node once NotReady, start a new machine of its name "
+          "(its jobs are Slurm's loss, counted apart)", "every node Ready, NodeSets converged",
+          lose_node, nodes_and_nodesets_fine, group="nodesets", recover_within_s=400),
+    Chaos("cut-node", 1, "drop a real node's traffic to and from slurmctld, the apiserver and "
+          "the other nodes for 30-90 s (nft inside the test bed's network namespace)",
+          "every node Ready, NodeSets converged", cut_node, nodes_and_nodesets_fine,
+          group="nodesets", recover_within_s=300),
 )  # fmt: skip
 BY_NAME = {c.name: c for c in CHAOS}
 
@@ -541,6 +673,13 @@ async def restore(soak: Soak) -> None:
         if not alive(soak, name):
             soak.log(f"restore: {name} is not running; starting it")
             await start(soak, name)
+    state = soak.bed.load()
+    for index in await asyncio.to_thread(nodes.cut_nodes, soak.bed.names(state)):
+        soak.log(f"restore: {state.real_nodes[index]} is still cut off; restoring")
+        await on_bed(soak, _restore, soak, state.real_nodes[index])
+    for node in sorted(set(state.real_nodes) - set(up_nodes(soak))):
+        soak.log(f"restore: {node} is lost; starting a new machine")
+        await on_bed(soak, soak.bed.replace_node, node)
     for node in sorted(await soak_health.cordoned_nodes(soak)):
         soak.log(f"restore: uncordon {node}")
         await uncordon(soak, node)

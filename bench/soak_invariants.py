@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from bench.soak_work import JOB_PREFIX
 from slinky.bridge import placeholder, podcontrol
 from slinky.bridge.groups import PODGROUP_LABEL
 from slinky.slurm.models import Job, expand_hostlist
@@ -151,6 +152,72 @@ def pods_outliving_jobs(s: Snapshot) -> dict[str, str]:
     return out
 
 
+def pods_without_allocation(s: Snapshot) -> dict[str, str]:
+    """A Running pod (a container still runs) bound to node N whose own placeholder job is
+    not RUNNING on N: nothing in Slurm holds N for what the pod runs. Stricter than
+    `pods_outliving_jobs` (a job still PENDING, or moved, counts) and with less grace."""
+    jobs = {j.job_id: j for j in s.jobs}
+    out = {}
+    for pod in s.pods:
+        meta, spec = pod["metadata"], pod.get("spec") or {}
+        node = spec.get("nodeName")
+        if (
+            not node
+            or (pod.get("status") or {}).get("phase") != "Running"
+            or podcontrol.containers_ended(pod)
+        ):
+            continue
+        key = f"{meta['namespace']}/{meta['name']}"
+        job_id = podcontrol.job_id_of(pod)
+        job = jobs.get(job_id) if job_id is not None else None
+        if job_id is None:
+            why = "has no placeholder job"
+        elif job is None:
+            why = f"its job {job_id} is unknown to Slurm"
+        elif not job.is_running:
+            why = f"its job {job_id} is {'+'.join(job.state)}"
+        elif node not in expand_hostlist(job.nodes):
+            why = f"its job {job_id} runs on {job.nodes}"
+        else:
+            continue
+        out[key] = f"pod {key} Running on {node}; {why}"
+    return out
+
+
+def jobs_cancelled_under_their_pods(s: Snapshot) -> dict[str, str]:
+    """A job CANCELLED by someone other than its own pod's end: a batch job (it has no pod;
+    nothing of ours may cancel it), or a placeholder job cancelled while a pod it names is
+    still bound to it and running (the bridge cancels a pod's job once that pod ended or was
+    deleted, never under it; a cancel from another pod's action shows so)."""
+    by_uid = {str(p["metadata"]["uid"]): p for p in s.pods}
+    out = {}
+    placeholders = {job.job_id: comment for job, comment in s.placeholders()}
+    for job in s.jobs:
+        if "CANCELLED" not in job.state:
+            continue
+        comment = placeholders.get(job.job_id)
+        if comment is None:
+            if job.name.startswith(JOB_PREFIX):
+                out[f"job {job.job_id}"] = f"batch job {job.job_id} ({job.name}) CANCELLED"
+            continue
+        for key, uid in comment.pods.items():
+            pod = by_uid.get(uid)
+            if (
+                pod is None
+                or podcontrol.job_id_of(pod) != job.job_id
+                or pod["metadata"].get("deletionTimestamp")
+                or podcontrol.has_ended(pod)
+                or podcontrol.containers_ended(pod)
+            ):
+                continue
+            out[f"job {job.job_id}"] = (
+                f"placeholder job {job.job_id} CANCELLED while its pod {key} is "
+                f"{(pod.get('status') or {}).get('phase')} on "
+                f"{(pod.get('spec') or {}).get('nodeName') or '-'}"
+            )
+    return out
+
+
 @dataclass(frozen=True)
 class Invariant:
     name: str
@@ -167,6 +234,10 @@ INVARIANTS = (
     Invariant("orphaned placeholder jobs", 90, orphaned_jobs),
     Invariant("pods bound where Slurm did not allocate", 0, misbound_pods, 30),
     Invariant("pods running without a live job", 90, pods_outliving_jobs),
+    Invariant("pods running without their own allocation", 30, pods_without_allocation, 30),
+    # A snapshot lists pods before jobs: a pod that ended in between has its job cancelled
+    # by the bridge before the job listing; the next snapshot shows the pod ended.
+    Invariant("jobs cancelled but not by their own pod", 15, jobs_cancelled_under_their_pods),
 )
 CRASH_WINDOW_S = 30.0  # a breach first seen this soon after a slurmctld kill -9 is "after" it
 

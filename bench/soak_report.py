@@ -6,7 +6,8 @@ the bridge, or what the soak did through them), unless Slurm itself explains it:
 - Slurm lost it: the job was accepted, slurmctld was then killed -9, and after the restart
   Slurm no longer knew it (slurmctld saves its state periodically; what came after the last
   save is gone);
-- Slurm ended it because the soak killed -9 the slurmd of a node it ran on;
+- Slurm ended it because the soak killed -9 the slurmd of a node it ran on, or the whole
+  real node its slurmd pod ran on (lose-node);
 - Slurm revived it: it had ended, slurmctld was killed -9 before saving that, and the
   restored job was ended again.
 Those are named apart, each with its evidence; nothing is left out of the counts."""
@@ -192,6 +193,17 @@ def judge_job(soak: Soak, job: TrackedJob, slurm_log: dict[int, list[str]]) -> V
                 SLURM,
                 f"{job.first_end} (restarts {job.restart_cnt}): the soak killed -9 slurmd of "
                 f"{node} at {soak.rel(t)} while the job ran there",
+                evidence,
+            )
+    for fault in soak.node_losses:
+        if fault.hit(job.nodes_seen, ran_from, end + 1):
+            on = ", ".join(sorted(job.nodes_seen & set(fault.slurm_nodes)))
+            return Verdict(
+                key,
+                SLURM,
+                f"{job.first_end} (restarts {job.restart_cnt}): it ran on {on}, a slurmd pod of "
+                f"{fault.node}, which the soak lost (kill -9 of the machine) at "
+                f"{soak.rel(fault.since)}",
                 evidence,
             )
     # Its first completion: seen by the soak, or (a completion the soak's 3 s polls missed,

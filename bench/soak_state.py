@@ -103,6 +103,21 @@ class BridgePod:
 
 
 @dataclass
+class NodeFault:
+    """A real node lost or cut off, and the Slurm nodes (slurmd pods) it ran then."""
+
+    since: float
+    node: str
+    slurm_nodes: list[str]
+    until: float = 0.0
+
+    def hit(self, nodes: set[str], start: float, end: float) -> bool:
+        """Whether work on `nodes` during [start, end] ran there while the fault lasted."""
+        until = self.until or end
+        return bool(nodes & set(self.slurm_nodes)) and start <= until and self.since <= end
+
+
+@dataclass
 class ActionRecord:
     """One chaos action as it ran."""
 
@@ -148,6 +163,11 @@ class Soak:
     # Wall-clock times of crashes whose consequences are Slurm's own (see soak_report).
     slurmctld_kills: list[float] = field(default_factory=list)
     slurmd_kills: list[tuple[float, str]] = field(default_factory=list)  # (time, Slurm node)
+    # Real nodes lost for good (lose-node) and cut off (cut-node): (from, until, node, the
+    # Slurm nodes of the slurmd pods it ran then); `until` is the replacement's start or
+    # the end of the cut (0.0 while it lasts).
+    node_losses: list[NodeFault] = field(default_factory=list)
+    node_cuts: list[NodeFault] = field(default_factory=list)
     # A process of ours that exited without the soak killing it: (time, name, last log line).
     exits: list[tuple[float, str, str]] = field(default_factory=list)
     # Whether each supervised process is meant to run (False while an action restarts one:

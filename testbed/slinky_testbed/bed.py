@@ -813,6 +813,63 @@ class Testbed:
         healthz = f"http://{self.names(state).node_ip(index)}:10248/healthz"
         self._wait(f"kubelet-{node}", lambda: self._http_ok(healthz), timeout)
 
+    def lose_node(self, node: str) -> int:
+        """SIGKILL everything of one real node at once, as a machine that died: its kubelet,
+        containerd, containerd's shims and every process of its pods. Returns how many
+        processes it killed. `replace_node` brings up a new machine of the same name."""
+        state = self.load()
+        index = state.real_nodes.index(node)
+        pids = nodes.node_processes(self.names(state), index, self.nodes_dir / node)
+        daemons = [
+            procs.Proc(*state.pids[n])
+            for n in (f"kubelet-{node}", f"containerd-{node}")
+            if n in state.pids
+        ]
+        for proc in daemons:
+            proc.signal(signal.SIGKILL)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while any(p.alive() for p in daemons) or any(Path(f"/proc/{pid}").exists() for pid in pids):
+            procs.reap()
+            if time.monotonic() > deadline:
+                raise TestbedError(f"processes of {node} survive SIGKILL")
+            time.sleep(0.05)
+        state = self.load()
+        for n in (f"kubelet-{node}", f"containerd-{node}"):
+            state.pids.pop(n, None)  # dead for good: no later wait may take it for a crash
+        self.save(state)
+        with (self.dir / "restarts.log").open("a") as f:
+            f.write(f"{node}-lost {time.time():.3f}\n")
+        return len(pids) + len(daemons)
+
+    def replace_node(self, node: str, *, timeout: float = 120) -> None:
+        """A new machine in place of a lost one (`lose_node`): same name and address, empty
+        kubelet and containerd state (the images stay), containerd and kubelet started as
+        `up` starts them; returns once the kubelet's healthz answers (the Node registers
+        itself again if it was deleted)."""
+        state = self.load()
+        index = state.real_nodes.index(node)
+        names = self.names(state)
+        d = self.nodes_dir / node
+        nodes.wipe_node_state(d)
+        env = {"PATH": f"{paths.bin_dir()}:/usr/sbin:/usr/bin:/sbin:/bin"}
+        self._spawn(
+            state,
+            f"containerd-{node}",
+            nodes.node_daemon(
+                names, str(paths.bin_dir() / "containerd"), "--config", str(d / "containerd.toml")
+            ),
+            env=env,
+        )
+        self._wait(f"containerd-{node}", (d / "containerd" / "containerd.sock").exists, 60)
+        with (self.dir / "restarts.log").open("a") as f:
+            f.write(f"{node}-replaced {time.time():.3f}\n")
+        self._start_kubelet(state, index, node)
+        healthz = f"http://{names.node_ip(index)}:10248/healthz"
+        self._wait(f"kubelet-{node}", lambda: self._http_ok(healthz), timeout)
+
     def kill_in_container(self, node: str, container_id: str, process: str) -> int:
         """SIGKILL the process named `process` (its comm) inside one container of a real
         node, found from the container's init PID as containerd reports it; returns the PID

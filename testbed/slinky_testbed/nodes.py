@@ -588,3 +588,152 @@ def image_ref(name: str) -> str:
             if img.get("name") == name:
                 return str(img["ref"])
     raise NodesError(f"image {name!r} is not built: run `make images`")
+
+
+# ---------------------------------------------------------------- faults (chaos soak)
+# A node cut off from the rest of the test bed, and a node lost for good. Both act inside
+# this test bed's own namespace and cgroups only.
+
+CUT_TABLE_PREFIX = "slinky-cut-"
+UNIFIED_ROOT = CGROUP_ROOT / "unified"
+
+
+def cut_table(index: int) -> str:
+    return f"{CUT_TABLE_PREFIX}{index}"
+
+
+def cut_cgroup(names: Names, index: int) -> Path:
+    """The cgroup v2 group a cut node's kubelet sits in while cut (its new sockets are
+    dropped by it: the kubelet's own address is the namespace's, shared by every kubelet)."""
+    return UNIFIED_ROOT / f"{names.tag}-cut{index}"
+
+
+def _socket_ports(names: Names, pid: int) -> list[int]:
+    """Local ports of the established TCP sockets of process `pid` towards the host side
+    (the apiserver, slurmctld, slurmrestd), as `ss` lists them inside the namespace."""
+    listed = _run(*in_netns(names, "ss", "-tnpH", "state", "established"), check=False).stdout
+    out = []
+    for line in listed.splitlines():
+        fields = line.split()
+        if f"pid={pid}," not in line or len(fields) < 4:
+            continue
+        local, peer = fields[-3], fields[-2]
+        if peer.rsplit(":", 1)[0] == names.host_ip:
+            out.append(int(local.rsplit(":", 1)[1]))
+    return sorted(set(out))
+
+
+def cut_rules(names: Names, index: int, kubelet_ports: list[int], cgroup: str) -> str:
+    """nft rules (one table of its own) that cut node `index` off: its pods from anything
+    outside their node, its node address (the apiserver calling the kubelet) from anything
+    outside, and its kubelet's connections to the host side (the sockets it holds by port,
+    new ones by cgroup). What stays inside the node (the kubelet probing its own pods) is
+    untouched."""
+    subnet, ip = names.node_subnet(index), names.node_ip(index)
+    ports = ", ".join(str(p) for p in kubelet_ports)
+    kubelet = (
+        [
+            f"    ip daddr {names.host_ip} tcp sport {{ {ports} }} drop",
+        ]
+        if kubelet_ports
+        else []
+    )
+    kubelet_in = (
+        [f"    ip saddr {names.host_ip} tcp dport {{ {ports} }} drop"] if kubelet_ports else []
+    )
+    return "\n".join(
+        [
+            f"table inet {cut_table(index)} {{",
+            "  chain forward {",
+            "    type filter hook forward priority -10; policy accept;",
+            f"    ip saddr {subnet} ip daddr != {subnet} drop",
+            f"    ip daddr {subnet} ip saddr != {subnet} drop",
+            "  }",
+            "  chain input {",
+            "    type filter hook input priority -10; policy accept;",
+            f"    ip daddr {ip} ip saddr != {subnet} drop",
+            *kubelet_in,
+            "  }",
+            "  chain output {",
+            "    type filter hook output priority -10; policy accept;",
+            f"    ip saddr {ip} ip daddr != {subnet} drop",
+            *kubelet,
+            f'    ip daddr != {subnet} socket cgroupv2 level 1 "{cgroup}" drop',
+            "  }",
+            "}",
+            "",
+        ]
+    )
+
+
+def cut_node(names: Names, index: int, kubelet_pid: int) -> list[int]:
+    """Cut real node `index` off from slurmctld, the apiserver and the other nodes (see
+    `cut_rules`); returns the kubelet's socket ports it dropped. `restore_node` undoes it."""
+    group = cut_cgroup(names, index)
+    group.mkdir(exist_ok=True)
+    ports = _socket_ports(names, kubelet_pid)
+    rules = cut_rules(names, index, ports, f"unified/{group.name}")
+    r = subprocess.run(
+        in_netns(names, "nft", "-f", "-"), input=rules, capture_output=True, text=True, check=False
+    )
+    if r.returncode != 0:
+        raise NodesError(f"nft refused the cut of node {index}: {r.stderr.strip()}")
+    (group / "cgroup.procs").write_text(str(kubelet_pid))
+    return ports
+
+
+def restore_node(names: Names, index: int) -> None:
+    """Undo `cut_node`: the table goes, the kubelet back to the cgroup v2 root."""
+    _run(*in_netns(names, "nft", "delete", "table", "inet", cut_table(index)), check=False)
+    group = cut_cgroup(names, index)
+    if not group.exists():
+        return
+    for pid in (group / "cgroup.procs").read_text().split():
+        with contextlib.suppress(OSError):
+            (UNIFIED_ROOT / "cgroup.procs").write_text(pid)
+    with contextlib.suppress(OSError):
+        group.rmdir()
+
+
+def cut_nodes(names: Names) -> list[int]:
+    """Indexes of the nodes cut off now (their tables exist)."""
+    listed = _run(*in_netns(names, "nft", "list", "tables"), check=False).stdout
+    return sorted(
+        int(w[len(CUT_TABLE_PREFIX) :])
+        for w in listed.split()
+        if w.startswith(CUT_TABLE_PREFIX) and w[len(CUT_TABLE_PREFIX) :].isdigit()
+    )
+
+
+def node_processes(names: Names, index: int, node_dir: Path) -> set[int]:
+    """Every process of real node `index` but its kubelet and containerd: its pods'
+    processes (its cgroup root) and containerd's shims for it (found by its socket)."""
+    pids: set[int] = set()
+    for ctrl in _v1_controllers():
+        top = ctrl / names.cgroup_node(index)
+        if top.is_dir():
+            for d in [top, *(d for d in top.rglob("*") if d.is_dir())]:
+                with contextlib.suppress(OSError, ValueError):
+                    pids.update(int(x) for x in (d / "cgroup.procs").read_text().split())
+    sock = str(node_dir / "containerd" / "containerd.sock")
+    for pid in _pids_in_cgroups(names):
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if any(a.decode(errors="replace") == sock for a in argv):
+                pids.add(pid)
+    pids.discard(os.getpid())
+    return pids
+
+
+def wipe_node_state(node_dir: Path) -> None:
+    """What a replacement machine would not have: the dead node's mounts (pod volumes,
+    network namespaces), kubelet and containerd state, pod addresses and logs. Its
+    configuration files and the images (containerd's root, outside) stay."""
+    for point in _mounts_under(node_dir):
+        if _run("umount", point, check=False).returncode != 0:
+            _run("umount", "-l", point, check=False)
+    for sub in ("kubelet", "containerd", "cni-ipam", "pod-logs"):
+        path = node_dir / sub
+        if path.exists():
+            _run("rm", "-rf", "--one-file-system", str(path))
+    (node_dir / "containerd").mkdir()

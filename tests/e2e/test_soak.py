@@ -8,15 +8,20 @@ import sys
 from pathlib import Path
 
 import pytest
+from bench.soak_chaos import DEFAULT_ACTIONS
 
 from tests.e2e.workers import worker_bed_dir
 
 pytestmark = pytest.mark.e2e
 REPO = Path(__file__).resolve().parents[2]
 # About 3 minutes in all: set-up ~20 s, 90 s of chaos, the last jobs (20 s at most) and the
-# settle checks, down ~5 s. `make soak` runs the long one.
+# settle checks, down ~5 s. `make soak` runs the long one. A lost node takes 2-4 minutes to
+# come back (NotReady after a minute, its pods collected, a new machine) and a cut node up
+# to 90 s and its recovery: both stay out of this short run (opt-in; `make soak` has them).
+OPT_IN = ("lose-node", "cut-node")
 SHORT_SOAK = [
     "--duration=90s",
+    "--actions=" + ",".join(a for a in DEFAULT_ACTIONS if a not in OPT_IN),
     "--seed=7",
     "--intensity=2",
     "--max-job-seconds=20",
