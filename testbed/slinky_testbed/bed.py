@@ -831,7 +831,9 @@ class Testbed:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while any(p.alive() for p in daemons) or any(Path(f"/proc/{pid}").exists() for pid in pids):
+        while any(p.alive() for p in daemons) or any(
+            (st := procs.stat_fields(pid)) is not None and st[0] != "Z" for pid in pids
+        ):
             procs.reap()
             if time.monotonic() > deadline:
                 raise TestbedError(f"processes of {node} survive SIGKILL")
@@ -863,12 +865,26 @@ class Testbed:
             ),
             env=env,
         )
-        self._wait(f"containerd-{node}", (d / "containerd" / "containerd.sock").exists, 60)
+        # Not `_wait`: another process of the bed may be down meanwhile (the soak crashes
+        # them), which is no failure of this node's.
+        self._wait_alone(f"containerd-{node}", (d / "containerd" / "containerd.sock").exists, 60)
         with (self.dir / "restarts.log").open("a") as f:
             f.write(f"{node}-replaced {time.time():.3f}\n")
         self._start_kubelet(state, index, node)
         healthz = f"http://{names.node_ip(index)}:10248/healthz"
-        self._wait(f"kubelet-{node}", lambda: self._http_ok(healthz), timeout)
+        self._wait_alone(f"kubelet-{node}", lambda: self._http_ok(healthz), timeout)
+
+    def _wait_alone(self, name: str, ready: Callable[[], bool], timeout: float) -> None:
+        """Wait for `name` to be ready; only its own exit ends the wait early."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(Exception):
+                if ready():
+                    return
+            if not self._alive(self.load(), name):
+                raise TestbedError(f"{name} exited while starting\n" + self._log_tail(name))
+            time.sleep(0.1)
+        raise TestbedError(f"{name} not ready after {timeout:.0f}s\n" + self._log_tail(name))
 
     def kill_in_container(self, node: str, container_id: str, process: str) -> int:
         """SIGKILL the process named `process` (its comm) inside one container of a real

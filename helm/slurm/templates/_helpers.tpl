@@ -304,21 +304,22 @@ the controller, login, compute and hook pods. */ -}}
 {{- join " " $out }}
 {{- end }}
 
+{{- /* The headless Service of every slurmd pod of the release: each pod's DNS name is
+<pod>.<this Service>, whatever its NodeSet. */ -}}
+{{- define "slurm.slurmdServiceName" -}}
+{{- printf "%s-slurmd" (include "slurm.prefix" .) }}
+{{- end }}
+
 {{- /*
 dnsConfig of pods that talk to slurmd pods by their Slurm node names (slurmd forwarding a
-step to its peers, srun on a login pod): a NodeSet pod's name resolves in its NodeSet's
-headless Service (its subdomain), so every NodeSet's is searched.
+step to its peers, MPI, srun and ssh on a login pod): every NodeSet pod's name resolves in
+the one Service all of them share, so the list is the same for every NodeSet and adding or
+removing one changes no other pod's template.
 */ -}}
 {{- define "slurm.nodesetDnsConfig" -}}
-{{- $searches := list }}
-{{- range (include "slurm.nodesets" . | fromJsonArray) }}
-{{- $searches = append $searches (printf "%s.%s.svc.%s" (include "slurm.nodesetName" (dict "root" $ "nodeset" .)) $.Release.Namespace $.Values.clusterDomain) }}
-{{- end }}
-{{- with $searches }}
 dnsConfig:
   searches:
-    {{- toYaml . | nindent 4 }}
-{{- end }}
+    - {{ printf "%s.%s.svc.%s" (include "slurm.slurmdServiceName" .) .Release.Namespace .Values.clusterDomain }}
 {{- end }}
 
 {{- /* sshd's host key (base64): made once, read back from its Secret at every upgrade, so
