@@ -5,7 +5,6 @@ per entry) and drift against what the code and config/ say (CRDs, RBAC, flags, w
 from __future__ import annotations
 
 import base64
-import hashlib
 import re
 import subprocess
 from pathlib import Path
@@ -17,6 +16,7 @@ import yaml
 from slinky.bridge import main as bridge_main
 from slinky.bridge.admission import manifests
 from slinky.bridge.config import parse_config
+from slinky.operator import keys as keys_command
 from slinky.operator import main as operator_main
 from slinky.operator.autoscale.metrics import NODESET_METRICS, PARTITION_METRICS
 from slinky.operator.nodeset import partition
@@ -484,11 +484,110 @@ def test_slurm_chart_deploys_slurmctld_slurmrestd_and_a_cluster_pointing_at_them
     ]
 
 
-def test_slurm_keys_are_generated_with_the_sizes_slurm_expects() -> None:
+def keys_hook(objs: list[JSON]) -> tuple[JSON, dict[str, keys_command.Key], JSON]:
+    """The keys hook Job, what it makes ("secret/key": Key, parsed by the command's own
+    parser: the chart passes only flags it knows) and the command's other options."""
+    job = one(objs, "Job", "slurm-keys")
+    argv = job["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert argv[:3] == ["python3", "-m", "slinky.operator.keys"], argv
+    opts = vars(keys_command.parser().parse_args(argv[3:]))
+    made = {f"{k.secret}/{k.key}": k for k in opts.pop("keys")}
+    return job, made, opts
+
+
+def test_no_key_is_rendered_and_the_hook_makes_them_with_the_sizes_slurm_expects() -> None:
     objs = render("slurm")
-    slurm_key = base64.b64decode(one(objs, "Secret", "slurm-slurm-key")["data"]["slurm.key"])
-    jwt_key = base64.b64decode(one(objs, "Secret", "slurm-jwt-key")["data"]["jwt_hs256.key"])
-    assert (len(slurm_key), len(jwt_key)) == (1024, 32)
+    for secret in kinds(objs, "Secret"):
+        assert not {"slurm.key", "jwt_hs256.key"} & set(secret.get("data") or {}), secret
+    job, made, opts = keys_hook(objs)
+    assert job["metadata"]["annotations"] == {
+        "helm.sh/hook": "pre-install,pre-upgrade",
+        "helm.sh/hook-weight": "-5",
+        "helm.sh/hook-delete-policy": "before-hook-creation,hook-succeeded",
+    }
+    assert made == {
+        "slurm-slurm-key/slurm.key": keys_command.Key(
+            "slurm-slurm-key", "slurm.key", "bytes", "1024"
+        ),
+        "slurm-jwt-key/jwt_hs256.key": keys_command.Key(
+            "slurm-jwt-key", "jwt_hs256.key", "bytes", "32"
+        ),
+    }
+    # A missing slurm.key is not made anew under a running slurmctld (unless asked).
+    assert opts["guard"] == ["slurm-slurm-key"] and opts["controller"] == "slurm-controller"
+    assert opts["namespace"] == "slurm" and not opts["regenerate"]
+    # Not Argo CD's tracking label: the Secrets are not the Application's to prune.
+    assert dict(opts["label"]) == {
+        "app.kubernetes.io/part-of": "slinky",
+        "slinky.slurm.net/keys-of": "slurm",
+    }
+    # Its ServiceAccount, Role and RoleBinding come first; the Role reads only those Secrets
+    # and slurmctld's StatefulSet.
+    role = one(objs, "Role", "slurm-keys")
+    assert role["metadata"]["annotations"]["helm.sh/hook-weight"] == "-10"
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": ["slurm-slurm-key", "slurm-jwt-key"],
+            "verbs": ["get"],
+        },
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+        {
+            "apiGroups": ["apps"],
+            "resources": ["statefulsets"],
+            "resourceNames": ["slurm-controller"],
+            "verbs": ["get"],
+        },
+    ]
+    for kind in ("ServiceAccount", "RoleBinding"):
+        assert (
+            one(objs, kind, "slurm-keys")["metadata"]["annotations"]["helm.sh/hook-weight"] == "-10"
+        )
+    image = job["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == "localhost/slinky/slinky:0.1.0"
+    assert "initContainers" not in job["spec"]["template"]["spec"]  # no sshd, no ssh-keygen
+    # The site's own Secrets: nothing to make, no hook.
+    site = render("slurm", "slurmKey.existingSecret=k", "jwtKey.existingSecret=j")
+    assert not [o for o in site if o["metadata"]["name"] == "slurm-keys"]
+    # slurmKey.regenerate passes --regenerate; keys.image wins over cleanup.image.
+    job, _, opts = keys_hook(
+        render("slurm", "slurmKey.regenerate=true", "keys.image.repository=site/slinky")
+    )
+    assert opts["regenerate"]
+    image = job["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == "site/slinky:0.1.0"
+
+
+@pytest.mark.parametrize(
+    "sets",
+    [
+        [],
+        [
+            "login.enabled=true",
+            "compute.ssh.enabled=true",
+            "accounting.enabled=true",
+            "accounting.mariadb.enabled=true",
+        ],
+    ],
+)
+def test_two_renders_are_the_same_bytes(sets: list[str]) -> None:
+    """Argo CD renders with `helm template` at every sync (no cluster access, no lookup): a
+    key or a checksum made at render time would re-key the cluster and restart the daemons
+    each time. Two renders (as an install, as an upgrade) are byte-identical."""
+    args = ["template", "slurm", str(CHARTS / "slurm"), "-n", "slurm"]
+    for s in sets:
+        args += ["--set", s]
+    assert helm(*args).stdout == helm(*args).stdout
+    assert helm(*args, "--is-upgrade").stdout == helm(*args, "--is-upgrade").stdout
+
+
+def test_no_template_makes_random_bytes() -> None:
+    """What made every render differ is gone for good."""
+    for path in sorted((CHARTS / "slurm/templates").iterdir()):
+        text = path.read_text()
+        for word in ("randBytes", "randAlphaNum", "randAscii", "genPrivateKey", "uuidv4"):
+            assert not re.search(rf"\b{word}\b", text), f"{path.name} uses {word}"
 
 
 def test_slurmctld_state_is_an_empty_dir_without_persistence() -> None:
@@ -845,7 +944,9 @@ def test_uninstall_drains_the_nodesets_before_anything_else_goes() -> None:
     ]
     # The script compiles (it runs in the Slinky image's Python).
     compile(container["args"][2], "cleanup", "exec")
-    assert not kinds(render("slurm", "cleanup.enabled=false"), "Job")
+    assert "slurm-cleanup" not in [
+        j["metadata"]["name"] for j in kinds(render("slurm", "cleanup.enabled=false"), "Job")
+    ]
 
 
 def test_login_pods_run_sackd_against_slurmctld_and_only_sackd_has_the_key() -> None:
@@ -1051,34 +1152,17 @@ def test_operator_uninstall_waits_for_what_it_still_finalizes() -> None:
     assert not kinds(render("slurm-operator", "cleanup.enabled=false"), "Job")
 
 
-def test_a_new_key_rolls_the_daemons_that_read_it() -> None:
-    """A key Secret deleted by hand is made again at the next upgrade with a new key: the
-    pods that read the keys at start carry a checksum of the very bytes the Secret holds, so
-    they roll with it (slurmctld and slurmrestd had kept the old key, the operator got
-    Unauthorized)."""
-    objs = render("slurm")
-    slurm_key = one(objs, "Secret", "slurm-slurm-key")["data"]["slurm.key"]
-    jwt_key = one(objs, "Secret", "slurm-jwt-key")["data"]["jwt_hs256.key"]
-    both = hashlib.sha256(f"{slurm_key}/{jwt_key}".encode()).hexdigest()[:16]
-    for kind, name in (("StatefulSet", "slurm-controller"), ("Deployment", "slurm-restapi")):
-        annotations = one(objs, kind, name)["spec"]["template"]["metadata"]["annotations"]
-        assert annotations["checksum/keys"] == both, (kind, name)
-    nodeset = one(objs, "NodeSet")["spec"]["template"]["metadata"]["annotations"]
-    assert nodeset["checksum/slurm-key"] == hashlib.sha256(slurm_key.encode()).hexdigest()[:16]
-
-
-def test_an_upgrade_does_not_make_a_new_slurm_key_unless_asked() -> None:
-    """A chart-made slurm.key whose Secret is gone at an upgrade: a new key would cut every
-    running slurmd off slurmctld (their jobs would die), so the upgrade refuses, saying how to
-    go on; a missing JWT key is simply made anew (only REST clients use it)."""
-    out = helm("template", "x", str(CHARTS / "slurm"), "--is-upgrade", check=False)
-    assert out.returncode != 0
-    assert "Secret x-slurm-key (key slurm.key) is gone" in out.stderr, out.stderr
-    assert "slurmKey.regenerate=true" in out.stderr
-    ok = helm(
-        "template", "x", str(CHARTS / "slurm"), "--is-upgrade", "--set", "slurmKey.regenerate=true"
+def test_an_upgrade_renders_the_same_hook_the_refusal_is_at_run_time() -> None:
+    """A slurm.key whose Secret is gone at an upgrade is refused by the hook at run time
+    (slinky.operator.keys: slurmctld's StatefulSet exists), not by the render, which cannot
+    know (Argo CD renders as an install with no cluster access)."""
+    install = keys_hook(render("slurm"))
+    upgrade = keys_hook(
+        load_all(
+            helm("template", "slurm", str(CHARTS / "slurm"), "-n", "slurm", "--is-upgrade").stdout
+        )
     )
-    assert "jwt_hs256.key" in ok.stdout
+    assert install == upgrade
 
 
 # ---------------------------------------------------------------- monitoring

@@ -4,8 +4,6 @@ stand-in sacctmgr), users and groups for nss extrausers, login pods with sshd, a
 
 from __future__ import annotations
 
-import base64
-import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -13,7 +11,17 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.unit.test_helm_charts import CHARTS, HELM, helm, kinds, one, render, render_values
+from slinky.operator.keys import Key
+from tests.unit.test_helm_charts import (
+    CHARTS,
+    HELM,
+    helm,
+    keys_hook,
+    kinds,
+    one,
+    render,
+    render_values,
+)
 
 JSON = dict[str, Any]
 
@@ -59,10 +67,11 @@ def failure(*sets: str) -> str:
 
 def test_the_charts_mariadb_gets_a_made_password_that_slurmdbd_and_mariadb_both_read() -> None:
     objs = render("slurm", "accounting.enabled=true", "accounting.mariadb.enabled=true")
-    secret = one(objs, "Secret", "slurm-mariadb")
-    password = base64.b64decode(secret["data"]["password"]).decode()
-    assert re.fullmatch(r"[A-Za-z0-9]{24}", password)
-    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    # Made by the keys hook when missing (24 letters and digits), never rendered; not the
+    # release's, so it stays with the data volume it opens.
+    assert not [o for o in kinds(objs, "Secret") if o["metadata"]["name"] == "slurm-mariadb"]
+    _, made, _ = keys_hook(objs)
+    assert made["slurm-mariadb/password"] == Key("slurm-mariadb", "password", "alnum", "24")
 
     db = one(objs, "StatefulSet", "slurm-mariadb")
     spec = pod_spec(db)
@@ -88,12 +97,8 @@ def test_the_charts_mariadb_gets_a_made_password_that_slurmdbd_and_mariadb_both_
     assert conf_init["env"][0]["valueFrom"]["secretKeyRef"]["name"] == "slurm-mariadb"
     assert container(dbd, "slurmdbd")["args"] == ["slurmdbd", "-D"]
     assert dbd["automountServiceAccountToken"] is False
-    # A new password restarts both; one render makes one password.
-    sums = {
-        o["spec"]["template"]["metadata"]["annotations"]["checksum/db-password"]
-        for o in (db, one(objs, "Deployment", "slurm-accounting"))
-    }
-    assert len(sums) == 1
+    # No checksum of a password (a render has none to sum).
+    assert "annotations" not in db["spec"]["template"]["metadata"]
 
 
 def test_a_named_database_and_secret_run_no_mariadb() -> None:
@@ -330,8 +335,18 @@ def test_login_pods_run_sackd_and_sshd_with_kept_host_keys_and_users_keys(tmp_pa
     assert volumes(spec)["homes"]["persistentVolumeClaim"]["claimName"] == "homes"
     assert volumes(spec)["ssh-host-keys"]["secret"]["secretName"] == "slurm-ssh-host-keys"
 
-    key = base64.b64decode(one(objs, "Secret", "slurm-ssh-host-keys")["data"]["ssh_host_ecdsa_key"])
-    assert key.startswith(b"-----BEGIN EC PRIVATE KEY-----")
+    # The host key: made once by the keys hook (ssh-keygen in the login image), never rendered.
+    assert not [o for o in kinds(objs, "Secret") if o["metadata"]["name"] == "slurm-ssh-host-keys"]
+    job, made, _ = keys_hook(objs)
+    path = "/keys/ssh_host_ecdsa_key"
+    assert made["slurm-ssh-host-keys/ssh_host_ecdsa_key"] == Key(
+        "slurm-ssh-host-keys", "ssh_host_ecdsa_key", "file", path
+    )
+    keygen = container(pod_spec(job), "ssh-keygen")
+    assert keygen["image"] == "localhost/slinky/slurm:26.05"
+    assert f"ssh-keygen -q -t ecdsa -b 256 -m PEM -N '' -C '' -f {path}" in keygen["command"][2]
+    assert mounts(keygen) == {"/keys": "keys"} == mounts(container(pod_spec(job), "keys"))
+    assert volumes(pod_spec(job))["keys"]["emptyDir"] == {"medium": "Memory"}
     conf = one(objs, "ConfigMap", "slurm-ssh")["data"]["sshd_config"].splitlines()
     for line in (
         "HostKey /etc/ssh/host-keys/ssh_host_ecdsa_key",
@@ -388,14 +403,14 @@ def test_ssh_to_compute_pods_runs_sshd_beside_slurmd_with_adoption_into_jobs(
     assert got["/mnt/ssh-host-keys"] == "ssh-host-keys"
     assert got["/etc/ssh/authorized-keys"] == "authorized-keys"
     # Without login pods the host key, sshd_config and the users' keys are there all the same.
-    one(objs, "Secret", "slurm-ssh-host-keys")
+    assert "slurm-ssh-host-keys/ssh_host_ecdsa_key" in keys_hook(objs)[1]
     one(objs, "ConfigMap", "slurm-ssh")
     assert one(objs, "Secret", "slurm-authorized-keys")["stringData"]["alice"]
     assert "slurm-login" not in [d["metadata"]["name"] for d in kinds(objs, "Deployment")]
     # Off by default: no sshd, no extern step.
     plain = render("slurm")
     assert "PrologFlags=Contain" not in slurm_conf(plain)
-    assert not [o for o in plain if o["metadata"]["name"] == "slurm-ssh-host-keys"]
+    assert "slurm-ssh-host-keys/ssh_host_ecdsa_key" not in keys_hook(plain)[1]
 
 
 def test_the_entrypoint_puts_pam_slurm_adopt_in_sshds_account_stack() -> None:
@@ -497,12 +512,8 @@ def test_shared_sockets_are_read_only_where_users_run(tmp_path: Path) -> None:
     # A new sssd configuration restarts the login pod, not the NodeSet pods.
     login_obj = one(objs, "Deployment", "slurm-login")
     assert "checksum/sssd" in login_obj["spec"]["template"]["metadata"]["annotations"]
-    assert (
-        "checksum/sssd"
-        not in one(objs, "NodeSet", "slurm-compute-batch")["spec"]["template"]["metadata"][
-            "annotations"
-        ]
-    )
+    nodeset_meta = one(objs, "NodeSet", "slurm-compute-batch")["spec"]["template"]["metadata"]
+    assert "checksum/sssd" not in nodeset_meta.get("annotations", {})
 
 
 def test_users_with_slurm_users_uid_range_are_refused(tmp_path: Path) -> None:
@@ -524,6 +535,7 @@ def test_hybrid_mode_renders_what_nodeset_pods_mount(tmp_path: Path) -> None:
     objs = render_values("slurm", values, tmp_path)
     spec = one(objs, "NodeSet", "slurm-compute-batch")["spec"]["template"]["spec"]
     names = {o["metadata"]["name"] for o in objs if o["kind"] in ("ConfigMap", "Secret")}
+    names |= {k.secret for k in keys_hook(objs)[1].values()}  # made by the keys hook
     for v in spec["volumes"]:
         ref = (v.get("configMap") or {}).get("name") or (v.get("secret") or {}).get("secretName")
         if ref and ref not in ("k", "j") and not (v.get("secret") or {}).get("optional"):

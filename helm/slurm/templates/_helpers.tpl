@@ -176,54 +176,27 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
 {{- /*
-The value (base64) of one of the chart's keys, the same in every template of one render: read
-back from its Secret (lookup), else made once and kept in a per-render cache, so the Secret
-and the checksums of the pods that read it agree. For an existingSecret, what it holds now.
-Args: root, name (the Secret), key, size (bytes to make), make ("bytes", the default;
-"alnum": `size` letters and digits; "ecdsa": a PEM private key).
+The key Secrets the keys hook makes when they are missing (keys.yaml), as JSON: [{secret,
+key, make ("bytes", "alnum" or "file"), arg (size or path), guard}]. Those named by an
+existingSecret (or passwordSecretRef) are the site's: not made. No key is ever rendered:
+two renders are the same bytes, and no pod annotation depends on a key.
 */ -}}
-{{- define "slurm.keyValue" -}}
-{{- if not (hasKey .root.Values "__slinkyKeys") }}
-{{- $_ := set .root.Values "__slinkyKeys" dict }}
+{{- define "slurm.madeKeys" -}}
+{{- $out := list }}
+{{- if not .Values.slurmKey.existingSecret }}
+{{- $out = append $out (dict "secret" (include "slurm.slurmKeySecret" .) "key" "slurm.key" "make" "bytes" "arg" "1024" "guard" true) }}
 {{- end }}
-{{- $cache := get .root.Values "__slinkyKeys" }}
-{{- $id := printf "%s/%s" .name .key }}
-{{- if not (hasKey $cache $id) }}
-{{- $old := lookup "v1" "Secret" .root.Release.Namespace .name }}
-{{- if and $old $old.data (index $old.data .key) }}
-{{- $_ := set $cache $id (index $old.data .key) }}
-{{- else if .existing }}
-{{- $_ := set $cache $id "" }}
-{{- else if and .root.Release.IsUpgrade .keep }}
-{{- fail (printf "Secret %s (key %s) is gone: a new key would cut every running slurmd off slurmctld and their jobs would die. Restore the Secret, or set slurmKey.regenerate=true to make a new key knowingly (slurmctld restarts, the slurmd pods roll; jobs running on the old key are lost)" .name .key) }}
-{{- else if eq (default "bytes" .make) "alnum" }}
-{{- $_ := set $cache $id (randAlphaNum .size | b64enc) }}
-{{- else if eq (default "bytes" .make) "ecdsa" }}
-{{- $_ := set $cache $id (genPrivateKey "ecdsa" | b64enc) }}
-{{- else }}
-{{- /* randBytes gives base64 of that many random bytes */ -}}
-{{- $_ := set $cache $id (randBytes .size) }}
+{{- if not .Values.jwtKey.existingSecret }}
+{{- $out = append $out (dict "secret" (include "slurm.jwtKeySecret" .) "key" "jwt_hs256.key" "make" "bytes" "arg" "32") }}
 {{- end }}
+{{- $a := .Values.accounting }}
+{{- if and $a.enabled (not .Values.external.enabled) $a.mariadb.enabled (not $a.storage.passwordSecretRef.name) }}
+{{- $out = append $out (dict "secret" (include "slurm.dbSecret" .) "key" $a.storage.passwordSecretRef.key "make" "alnum" "arg" "24") }}
 {{- end }}
-{{- get $cache $id }}
+{{- if include "slurm.sshEnabled" . }}
+{{- $out = append $out (dict "secret" (include "slurm.sshHostKeySecret" .) "key" "ssh_host_ecdsa_key" "make" "file" "arg" "/keys/ssh_host_ecdsa_key") }}
 {{- end }}
-
-{{- define "slurm.slurmKeyValue" -}}
-{{- include "slurm.keyValue" (dict "root" . "name" (include "slurm.slurmKeySecret" .) "key" "slurm.key" "size" 1024 "existing" .Values.slurmKey.existingSecret "keep" (not .Values.slurmKey.regenerate)) }}
-{{- end }}
-
-{{- define "slurm.jwtKeyValue" -}}
-{{- include "slurm.keyValue" (dict "root" . "name" (include "slurm.jwtKeySecret" .) "key" "jwt_hs256.key" "size" 32 "existing" .Values.jwtKey.existingSecret) }}
-{{- end }}
-
-{{- /* Pod annotation: a new key (a Secret deleted and made again, or an existingSecret
-rotated) changes it, so `helm upgrade` restarts the daemons that read the key at start. */ -}}
-{{- define "slurm.keysChecksum" -}}
-checksum/keys: {{ printf "%s/%s" (include "slurm.slurmKeyValue" .) (include "slurm.jwtKeyValue" .) | sha256sum | trunc 16 | quote }}
-{{- end }}
-
-{{- define "slurm.slurmKeyChecksum" -}}
-checksum/slurm-key: {{ include "slurm.slurmKeyValue" . | sha256sum | trunc 16 | quote }}
+{{- toJson $out }}
 {{- end }}
 
 {{- /* A string for a POSIX shell, in single quotes. */ -}}
@@ -246,18 +219,6 @@ checksum/slurm-key: {{ include "slurm.slurmKeyValue" . | sha256sum | trunc 16 | 
 {{- else if $a.mariadb.enabled }}{{ include "slurm.prefix" . }}-mariadb
 {{- else }}{{ fail "accounting.storage.passwordSecretRef.name is required with accounting.enabled (or set accounting.mariadb.enabled=true for a database the chart runs)" }}
 {{- end }}
-{{- end }}
-
-{{- /* The database password (base64), made once (24 letters and digits) when the chart's
-MariaDB makes its own Secret, else what the named Secret holds now. */ -}}
-{{- define "slurm.dbPasswordValue" -}}
-{{- $a := .Values.accounting }}
-{{- $own := and $a.mariadb.enabled (not $a.storage.passwordSecretRef.name) }}
-{{- include "slurm.keyValue" (dict "root" . "name" (include "slurm.dbSecret" .) "key" $a.storage.passwordSecretRef.key "size" 24 "make" "alnum" "existing" (not $own)) }}
-{{- end }}
-
-{{- define "slurm.dbPasswordChecksum" -}}
-checksum/db-password: {{ include "slurm.dbPasswordValue" . | sha256sum | trunc 16 | quote }}
 {{- end }}
 
 {{- /* Users and groups (nss extrausers) and the home claim: volumes and mounts shared by
@@ -322,10 +283,15 @@ dnsConfig:
     - {{ printf "%s.%s.svc.%s" (include "slurm.slurmdServiceName" .) .Release.Namespace .Values.clusterDomain }}
 {{- end }}
 
-{{- /* sshd's host key (base64): made once, read back from its Secret at every upgrade, so
-users never see "host key changed" after a rollout; one value per render. */ -}}
-{{- define "slurm.sshHostKey" -}}
-{{- include "slurm.keyValue" (dict "root" . "name" (printf "%s-ssh-host-keys" (include "slurm.prefix" .)) "key" "ssh_host_ecdsa_key" "make" "ecdsa") }}
+{{- /* sshd runs on login pods or NodeSet pods: "true", else empty. */ -}}
+{{- define "slurm.sshEnabled" -}}
+{{- if or (and .Values.login.enabled (not .Values.external.enabled)) .Values.compute.ssh.enabled }}true{{ end }}
+{{- end }}
+
+{{- /* sshd's host key: made once by the keys hook, the same on every login and NodeSet pod
+and kept across upgrades, so users never see "host key changed" after a rollout. */ -}}
+{{- define "slurm.sshHostKeySecret" -}}
+{{- printf "%s-ssh-host-keys" (include "slurm.prefix" .) }}
 {{- end }}
 
 {{- /* sshd's mounts and volumes (login pods; NodeSet pods with compute.ssh.enabled). */ -}}
@@ -341,7 +307,7 @@ users never see "host key changed" after a rollout; one value per render. */ -}}
     name: {{ include "slurm.prefix" . }}-ssh
 - name: ssh-host-keys
   secret:
-    secretName: {{ include "slurm.prefix" . }}-ssh-host-keys
+    secretName: {{ include "slurm.sshHostKeySecret" . }}
     defaultMode: 0600
 - name: authorized-keys
   secret:
@@ -352,7 +318,7 @@ users never see "host key changed" after a rollout; one value per render. */ -}}
 {{- end }}
 
 {{- define "slurm.sshChecksum" -}}
-checksum/ssh: {{ printf "%s/%s" (include "slurm.sshHostKey" .) (include "slurm.sshdConfig" .) | sha256sum | trunc 16 | quote }}
+checksum/ssh: {{ include "slurm.sshdConfig" . | sha256sum | trunc 16 | quote }}
 {{- end }}
 
 {{- /* The sidecar reads sssd.conf and the bind password at start: a change restarts the

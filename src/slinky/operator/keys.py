@@ -151,7 +151,7 @@ def _label(text: str) -> tuple[str, str]:
     return k, v
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m slinky.operator.keys",
         description=__doc__,
@@ -183,7 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--regenerate", action="store_true", help="make a guarded Secret anyway")
     p.add_argument("--label", action="append", default=[], type=_label, help="K=V on made Secrets")
     p.add_argument("--kubeconfig", default=None)
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     namespace = args.namespace
     if not namespace:
         try:
