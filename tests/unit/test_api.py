@@ -14,7 +14,7 @@ from slinky.api.v1alpha1 import crds, podtemplate
 from slinky.api.v1alpha1.cluster import ClusterSpec
 from slinky.api.v1alpha1.common import parse_duration
 from slinky.api.v1alpha1.nodeset import NodeSetSpec
-from tests.unit.test_helm_charts import _schema_problems
+from tests.unit.test_helm_charts import CHARTS, _schema_problems, helm, one, render_values
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -174,3 +174,47 @@ def test_the_checked_in_openapi_copy_is_what_extract_makes() -> None:
     assert podtemplate.extract(document) == defs
     assert "io.k8s.api.core.v1.ResourceRequirements" in defs
     assert "description" not in json.dumps(defs).replace('"description":{', "")
+
+
+@pytest.mark.parametrize(
+    ("typo", "where"),
+    [
+        (
+            "controller.resources.limts.cpu=1",
+            "'/controller/resources': additional properties 'limts'",
+        ),
+        (
+            "compute.nodesetDefaults.resources.requets.memory=1Gi",
+            "'/compute/nodesetDefaults/resources': additional properties 'requets'",
+        ),
+        (
+            "compute.nodesets[0].name=a,compute.nodesets[0].resources.limts.cpu=1",
+            "'/compute/nodesets/0/resources': additional properties 'limts'",
+        ),
+    ],
+)
+def test_a_typo_in_a_slurm_chart_resources_block_is_refused_naming_it(
+    typo: str, where: str
+) -> None:
+    """`resources.limts` was taken (the block was any object) and the pod had no limits."""
+    out = helm("template", "x", str(CHARTS / "slurm"), "--set", typo, check=False)
+    assert out.returncode != 0 and where in out.stderr, out.stderr
+
+
+def test_the_slurm_chart_takes_what_kubernetes_takes_in_a_resources_block(
+    tmp_path: Path,
+) -> None:
+    block = {
+        "limits": {"cpu": 0.5, "memory": "1Gi", "nvidia.com/gpu": 1},
+        "requests": {"cpu": "250m"},
+        "claims": [{"name": "gpu"}],
+    }
+    values = {
+        "controller": {"resources": block},
+        "compute": {"nodesetDefaults": {"resources": block}},
+    }
+    objs = render_values("slurm", values, tmp_path)
+    nodeset = one(objs, "NodeSet")
+    containers = nodeset["spec"]["template"]["spec"]["containers"]
+    slurmd = next(c for c in containers if c["name"] == "slurmd")
+    assert slurmd["resources"]["limits"]["nvidia.com/gpu"] == 1, slurmd["resources"]
