@@ -4,6 +4,7 @@ slurmdbd.conf holds any database password Slurm's parser can read."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -127,3 +128,65 @@ def test_the_slurm_image_installs_a_ca_bundle() -> None:
     repo = CHARTS.parent
     assert "ca-certificates" in (repo / "images/slurm/Containerfile").read_text().split()
     assert "ca-certificates" in (repo / "hack/build-slurm-root.sh").read_text().split()
+
+
+# ---------------------------------------------------------------- the database password
+
+ENTRYPOINT = CHARTS.parent / "images/slurm/slurm-entrypoint"
+
+
+def slurmdbd_conf_script(tmp_path: Path) -> str:
+    """The chart's init container script that writes slurmdbd.conf, writing into tmp_path."""
+    values = {"accounting": {"enabled": True, "mariadb": {"enabled": True}}}
+    objs = render_values("slurm", values, tmp_path)
+    spec = one(objs, "Deployment", "slurm-accounting")["spec"]["template"]["spec"]
+    init = next(c for c in spec["initContainers"] if c["name"] == "slurmdbd-conf")
+    script = str(init["command"][2]).replace("/etc/slurm/", f"{tmp_path}/")
+    return "\n".join(line for line in script.splitlines() if not line.startswith("chown "))
+
+
+def write_conf(script: str, password: str) -> subprocess.CompletedProcess[str]:
+    env = {"STORAGE_PASS": password, "PATH": "/usr/bin:/bin"}
+    return subprocess.run(["sh", "-ec", script], env=env, capture_output=True, text=True,
+                          timeout=30, check=False)  # fmt: skip
+
+
+def read_back(conf: Path) -> str:
+    """StoragePass as the image's entrypoint reads it (its model of Slurm's parser, checked
+    against slurmdbd 26.05 itself: docs/accounting.md)."""
+    text = ENTRYPOINT.read_text()
+    function = text[text.index("storage_pass() {") :]
+    function = function[: function.index("\n}\n") + 3]
+    out = subprocess.run(["sh", "-c", f'{function}\nstorage_pass "$1"', "sh", str(conf)],
+                         capture_output=True, text=True, timeout=30, check=True)  # fmt: skip
+    return out.stdout
+
+
+@pytest.mark.parametrize(
+    "password",
+    ["p#ss w'rd", "a\\#b\\\\", 'ab"cd#e', '"x', "tab\tin#", "plain", "trailing\\", "$HOME`x`"],
+)
+def test_slurmdbd_conf_holds_the_password_as_it_is(password: str, tmp_path: Path) -> None:
+    out = write_conf(slurmdbd_conf_script(tmp_path), password)
+    assert out.returncode == 0, out.stderr
+    conf = tmp_path / "slurmdbd.conf"
+    assert read_back(conf) == password, conf.read_text()
+
+
+@pytest.mark.parametrize(
+    ("password", "problem"),
+    [
+        ('a "b', "a double quote and a blank"),
+        ('"ab"', "double quotes around it"),
+        ("a\nb", "a line break"),
+    ],
+)
+def test_a_password_no_slurmdbd_conf_can_hold_is_refused_naming_the_secret(
+    password: str, problem: str, tmp_path: Path
+) -> None:
+    out = write_conf(slurmdbd_conf_script(tmp_path), password)
+    assert out.returncode != 0
+    assert f"the database password (Secret slurm-mariadb, key password) holds {problem}" in (
+        out.stderr
+    )
+    assert not (tmp_path / "slurmdbd.conf").exists()
