@@ -196,5 +196,12 @@ async def amain(
     watch.start()
     try:
         return await run(args, stop)
+    except OSError as e:
+        # A port another process holds: one line naming the flag, not a traceback.
+        said = serving.bind_failure(args, e)
+        if said is None:
+            raise
+        log.error("cannot start: %s", said)
+        return CANNOT_START
     finally:
         watch.stop()

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import json
+import socket
 import subprocess
 import sys
 import uuid
@@ -251,3 +252,85 @@ async def test_secure_metrics_answer_only_a_token_allowed_to_get_them(
         with contextlib.suppress(rest.ApiError):
             await kube.delete(RBAC_RES["ClusterRoleBinding"], binding)
     assert code == 0, op.log_tail()
+
+
+DUMMY_KUBECONFIG = {
+    "apiVersion": "v1",
+    "kind": "Config",
+    "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+    "users": [{"name": "u", "user": {"token": "x"}}],
+    "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    "current-context": "c",
+}
+
+
+def start_on_a_held_port(
+    tmp_path: Path, module: str, flag: str, *extra: str
+) -> tuple[subprocess.CompletedProcess[str], str]:
+    """Start `module` with `flag` on a port this test holds (listening); what it said, and
+    the flag's value."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(DUMMY_KUBECONFIG))
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        value = f"127.0.0.1:{held.getsockname()[1]}"
+        proc = subprocess.run(
+            [
+                sys.executable, "-m", module, f"--kubeconfig={kubeconfig}",
+                "--metrics-bind-address=0", "--health-probe-bind-address=0", "--leader-elect=false",
+                *extra, f"{flag}={value}",
+            ],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    return proc, value
+
+
+@pytest.mark.parametrize(
+    "flag", ["--metrics-bind-address", "--health-probe-bind-address", "--metrics-api-bind-address"]
+)
+def test_the_operator_on_a_busy_port_says_the_flag_and_port_in_one_line(
+    flag: str, tmp_path: Path
+) -> None:
+    extra: list[str] = []
+    if flag == "--metrics-api-bind-address":
+        ca_crt = make_ca(tmp_path / "ca")
+        issue_serving_cert(tmp_path / "ca", tmp_path / "certs")
+        extra = [
+            f"--metrics-api-cert-file={tmp_path / 'certs' / 'tls.crt'}",
+            f"--metrics-api-key-file={tmp_path / 'certs' / 'tls.key'}",
+            f"--metrics-api-client-ca-file={ca_crt}",
+        ]
+    proc, value = start_on_a_held_port(tmp_path, "slinky.operator.main", flag, *extra)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if "address already in use" in ln]
+    assert len(lines) == 1 and f"{flag} {value}: address already in use" in lines[0], proc.stderr
+
+
+@pytest.mark.parametrize("flag", ["--metrics-bind-address", "--webhook-bind-address"])
+def test_the_bridge_on_a_busy_port_says_the_flag_and_port_in_one_line(
+    flag: str, tmp_path: Path
+) -> None:
+    (tmp_path / "jwt.key").write_bytes(b"k" * 32)
+    config = {
+        "clusterId": "t",  # nothing asks the (absent) apiserver for it
+        "managedNamespaces": ["a"],
+        "slurmRestApi": "http://127.0.0.1:1",
+        "slurmAuth": {"jwtKeyFile": str(tmp_path / "jwt.key"), "user": "root"},
+    }
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))
+    make_ca(tmp_path / "ca")
+    issue_serving_cert(tmp_path / "ca", tmp_path / "certs")
+    proc, value = start_on_a_held_port(
+        tmp_path,
+        "slinky.bridge.main",
+        flag,
+        f"--config={tmp_path / 'config.yaml'}",
+        "--components=admission" if flag == "--webhook-bind-address" else "--components=scheduler",
+        f"--webhook-cert-path={tmp_path / 'certs'}",
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if "address already in use" in ln]
+    assert len(lines) == 1 and f"{flag} {value}: address already in use" in lines[0], proc.stderr

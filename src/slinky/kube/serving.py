@@ -9,6 +9,9 @@ calls them), so they need an address of their own then.
 from __future__ import annotations
 
 import argparse
+import errno
+import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,6 +23,34 @@ from slinky.kube.metricsauth import MetricsAccess
 from slinky.kube.tls import ServingCertificate
 
 Check = Callable[[], bool]
+
+# What a bind refused says (errno): in use, not an address of this host, a privileged port.
+BIND_ERRNOS = {errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES}
+# asyncio's "error while attempting to bind on address ('127.0.0.1', 8080): ..."
+_BIND_AT = re.compile(r"bind on address \('[^']*', (\d+)")
+
+
+def bind_failure(args: argparse.Namespace, error: BaseException) -> str | None:
+    """One line for a listener that could not bind, naming the `--*-bind-address` flag of
+    that port and its value ("--metrics-bind-address :8080: address already in use"); None
+    when `error` is no such failure or names no port one of the flags gave."""
+    if not isinstance(error, OSError) or error.errno not in BIND_ERRNOS:
+        return None
+    found = _BIND_AT.search(str(error))
+    if found is None:
+        return None
+    named = [
+        f"--{name.replace('_', '-')} {value}"
+        for name, value in sorted(vars(args).items())
+        if name.endswith("_bind_address")
+        and isinstance(value, str)
+        and value not in ("", "0")
+        and value.rpartition(":")[2] == found.group(1)
+    ]
+    if not named:
+        return None
+    reason = os.strerror(error.errno or 0).lower()  # asyncio put its whole text in strerror
+    return f"{' and '.join(named)}: {reason}"
 
 
 def add_metrics_flags(p: argparse.ArgumentParser) -> None:
