@@ -24,6 +24,16 @@ def build() -> None:
         subprocess.run(["bash", str(paths.hack_dir() / script)], check=True)
 
 
+def env_hint(state_dir: Path) -> str:
+    """The line that puts a shell on this test bed, runnable as printed from anywhere: the
+    command by its absolute path (the venv's `slinky`, which need not be on PATH), every
+    word quoted, the command substitution in double quotes."""
+    script = Path(sys.executable).parent / "slinky"
+    words = [str(script)] if script.exists() else [sys.executable, "-m", "slinky_testbed.cli"]
+    command = shlex.join([*words, "testbed", "--dir", str(state_dir), "env"])
+    return f'eval "$({command})"'
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="slinky", description="Slinky developer tools")
     sub = p.add_subparsers(dest="group", required=True)
@@ -62,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
                 kwok_nodes=args.kwok_nodes,
                 log=print,
             )
-            print(f"run `eval $(slinky testbed --dir {bed.dir} env)` to use it")
+            print(f"to use it in this shell: {env_hint(bed.dir)}")
         elif args.cmd == "down":
             bed.down(log=print)
         elif args.cmd == "status":
