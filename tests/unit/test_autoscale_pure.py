@@ -3,13 +3,25 @@ count as demand, and the label selectors the external metrics API accepts."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from slinky.operator.autoscale.extapi import SelectorError, parse_selector
-from slinky.operator.autoscale.metrics import compute, counts, nodeset_of
+from slinky.operator.autoscale.metrics import (
+    Ceiling,
+    ClusterStats,
+    SlurmMetrics,
+    compute,
+    counts,
+    demand,
+    hpa_ceiling,
+    never_fits,
+    nodeset_of,
+    nodeset_value,
+)
 from slinky.operator.nodeset.partition import PartitionConfigError, minutes, parse_config
 from slinky.slurm.informer import SlurmInformer
 from slinky.slurm.models import Job, Node, Partition
@@ -159,8 +171,13 @@ def test_label_selectors_are_equality_terms() -> None:
 def test_a_nodeset_gauge_reads_the_partition_the_nodeset_has_not_one_named_like_it() -> None:
     # The slurm chart names NodeSets <release>-compute-<name> and their partitions <name>:
     # the NodeSet gauges read 0 there while jobs queued in its partition.
-    from slinky.operator.autoscale.metrics import ClusterStats, PartitionStats, nodeset_value
+    from slinky.operator.autoscale.metrics import (
+        PartitionStats,
+        SlurmMetrics,
+        nodeset_value,
+    )
 
+    queued = [job(1, "PENDING", nodes=1), job(2, "PENDING", nodes=2), job(3, "PENDING", nodes=2)]
     stats = ClusterStats(
         polls=1,
         jobs_known=True,
@@ -168,7 +185,9 @@ def test_a_nodeset_gauge_reads_the_partition_the_nodeset_has_not_one_named_like_
             "gpu": PartitionStats(jobs_pending=3, jobs_pending_nodes=5),
             "slurm-compute-gpu": PartitionStats(),
         },
+        pending={"gpu": queued},
     )
+    metrics: Any = SlurmMetrics(cast(Any, None))
 
     def nodeset(name: str, spec_name: str | None, claimed: str | None) -> dict[str, object]:
         ann = {"nodeset.slinky.slurm.net/partition": claimed} if claimed else {}
@@ -180,8 +199,8 @@ def test_a_nodeset_gauge_reads_the_partition_the_nodeset_has_not_one_named_like_
         nodeset("slurm-compute-gpu", "gpu", "gpu"),
         nodeset("gpu", None, None),
     ):
-        assert nodeset_value(stats, obj, "slurm_nodeset_jobs_pending") == 3
-        assert nodeset_value(stats, obj, "slurm_nodeset_jobs_pending_nodes") == 5
+        assert nodeset_value(metrics, stats, obj, "slurm_nodeset_jobs_pending") == 3
+        assert nodeset_value(metrics, stats, obj, "slurm_nodeset_jobs_pending_nodes") == 5
 
 
 async def test_a_job_metric_whose_poll_failed_answers_503_not_an_old_queue() -> None:
@@ -191,7 +210,7 @@ async def test_a_job_metric_whose_poll_failed_answers_503_not_an_old_queue() -> 
     from typing import Any, cast
 
     from slinky.operator.autoscale.extapi import MetricsAPI
-    from slinky.operator.autoscale.metrics import ClusterStats, PartitionStats
+    from slinky.operator.autoscale.metrics import PartitionStats
 
     class Informer:
         def __init__(self, ok: bool) -> None:
@@ -210,10 +229,12 @@ async def test_a_job_metric_whose_poll_failed_answers_503_not_an_old_queue() -> 
         conn = SimpleNamespace(informer=Informer(ok))
         clients = SimpleNamespace(get=lambda k: conn, keys=lambda: ["ns/c"])
         none = cast(Any, None)
+        metrics: Any = SlurmMetrics(cast(Any, clients))
+        metrics.cluster = lambda k: stats
         return MetricsAPI(
             kube=none,
             clients=cast(Any, clients),
-            metrics=cast(Any, SimpleNamespace(cluster=lambda k: stats)),
+            metrics=metrics,
             nodeset_get=lambda k: nodeset,
             leading=lambda: True,
             tls=none,
@@ -253,3 +274,113 @@ def test_nodeset_replicas_by_state_count_condemned_pods_and_clusters_report_read
     }  # fmt: skip
     (ready,) = fams["slinky_cluster_ready"].samples
     assert (ready.labels["reason"], ready.value) == ("Unauthorized", 0.0)
+
+
+def sized(job_id: int, nodes: int = 1, **raw: Any) -> Job:
+    """A pending job asking for `nodes` nodes and, in `raw`, cpus/cpus_per_task/memory."""
+    return Job.parse(
+        {
+            "job_id": job_id,
+            "job_state": ["PENDING"],
+            "state_reason": "Resources",
+            "partition": "p",
+            "node_count": {"set": True, "number": nodes},
+            **raw,
+        }
+    )
+
+
+def test_a_job_larger_than_the_nodeset_at_its_largest_never_fits_naming_both() -> None:
+    # sbatch -N 5 against an HPA maxReplicas of 4 was counted: the HPA scaled to 4 for it
+    # and kept 4 idle pods for as long as it pended.
+    top = Ceiling(nodes=4, cpus=8, memory_mb=16000, source="HPA cpu maxReplicas")
+    assert never_fits(sized(1, nodes=5), top) == (
+        "asks for 5 nodes, the NodeSet has at most 4 (HPA cpu maxReplicas)"
+    )
+    assert never_fits(sized(2, nodes=4), top) is None
+    assert never_fits(sized(3, cpus=33), top) == (
+        "asks for 33 CPUs, the NodeSet's 4 nodes at most (HPA cpu maxReplicas) have 32"
+    )
+    assert never_fits(sized(4, cpus=32), top) is None
+    per_task = sized(5, cpus=12, cpus_per_task={"set": True, "number": 12})
+    assert never_fits(per_task, top) == "asks for 12 CPUs per task, a node of the NodeSet has 8"
+    memory = sized(6, memory_per_node={"set": True, "infinite": False, "number": 20000})
+    assert never_fits(memory, top) == (
+        "asks for 20000 MB of memory per node, a node of the NodeSet has 16000 MB"
+    )
+    assert never_fits(sized(7, memory_per_node={"set": True, "number": 16000}), top) is None
+
+
+def test_without_an_hpa_or_nodes_nothing_is_left_out() -> None:
+    # No HPA: nothing bounds the node count; no Slurm node yet (scale from zero): their size
+    # is unknown, so no CPU or memory rule applies.
+    assert never_fits(sized(1, nodes=500, cpus=10000), Ceiling()) is None
+    assert never_fits(sized(2, nodes=3, cpus=10000), Ceiling(nodes=4, source="x")) is None
+
+
+def test_demand_counts_what_may_fit_and_lists_what_never_does() -> None:
+    top = Ceiling(nodes=4, source="HPA a maxReplicas")
+    found = demand([sized(1, nodes=5), sized(2, nodes=2), sized(3, nodes=1)], top)
+    assert (found.jobs_pending, found.jobs_pending_nodes) == (2, 3)
+    assert found.never == [(1, "asks for 5 nodes, the NodeSet has at most 4 (HPA a maxReplicas)")]
+
+
+def test_the_ceiling_is_the_largest_maxreplicas_of_the_hpas_scaling_the_nodeset() -> None:
+    hpas = [
+        {"metadata": {"name": "a"}, "spec": {"maxReplicas": 4}},
+        {"metadata": {"name": "b"}, "spec": {"maxReplicas": 6}},
+    ]
+    assert hpa_ceiling(hpas) == (6, "HPA b maxReplicas")
+    assert hpa_ceiling([]) == (None, "")
+
+
+def test_a_nodeset_gauge_leaves_out_a_job_larger_than_its_hpa_maximum() -> None:
+    """The whole path: compute() over the cache, the NodeSet's HPA from the informer and its
+    Slurm nodes' size, the gauge value."""
+    informer: Any = SlurmInformer.__new__(SlurmInformer)
+    informer.polls = 1
+    informer.jobs_synced = True
+    informer.partitions = {"cpu": Partition("cpu", "", "UP")}
+    informer.jobs = {
+        1: job(1, "PENDING", "Resources", "cpu", nodes=5),
+        2: job(2, "PENDING", "Resources", "cpu", nodes=2),
+        3: job(3, "PENDING", "Resources", "cpu", nodes=1),
+    }
+    small = dataclasses.replace(
+        node("cpu-0", ["IDLE"], "cpu", "ns", "cpu-0"), cpus=4, real_memory=8000
+    )
+    informer.nodes = {"cpu-0": small}
+    stats = compute(informer)
+    hpa = {"metadata": {"name": "cpu"}, "spec": {"maxReplicas": 4}}
+    metrics: Any = SlurmMetrics(
+        cast(Any, None), hpas_of=lambda key: [hpa] if key == "ns/cpu" else []
+    )
+    obj = {"metadata": {"name": "cpu", "namespace": "ns"}, "spec": {}}
+    assert nodeset_value(metrics, stats, obj, "slurm_nodeset_jobs_pending") == 2
+    assert nodeset_value(metrics, stats, obj, "slurm_nodeset_jobs_pending_nodes") == 3
+    assert metrics.ceiling(stats, obj) == Ceiling(4, 4, 8000, "HPA cpu maxReplicas")
+    assert [j for j, _ in metrics.nodeset_demand(stats, obj).never] == [1]
+    # The partition gauge keeps Slurm's meaning: every pending job of the partition.
+    assert stats.partitions["cpu"].jobs_pending == 3
+
+
+def test_a_job_left_out_is_told_once_on_the_nodeset_while_it_stays_so() -> None:
+    from slinky.operator.autoscale.extapi import NEVER_FITS_REASON, MetricsAPI
+
+    said: list[tuple[str, str, str]] = []
+    recorder: Any = type(
+        "R",
+        (),
+        {"event": lambda self, obj, t, reason, note, action: said.append((t, reason, note))},
+    )()
+    api: Any = MetricsAPI.__new__(MetricsAPI)
+    api.recorder, api._told = recorder, {}
+    obj = {"metadata": {"name": "cpu", "namespace": "ns", "uid": "u"}}
+    why = "asks for 5 nodes, the NodeSet has at most 4 (HPA cpu maxReplicas)"
+    api.tell_never_fits(obj, [(7, why)])
+    api.tell_never_fits(obj, [(7, why)])
+    assert len(said) == 1 and said[0][:2] == ("Warning", NEVER_FITS_REASON)
+    assert said[0][2].startswith(f"job 7 {why}: it can never run here"), said
+    api.tell_never_fits(obj, [])  # it ran, was cancelled or changed
+    api.tell_never_fits(obj, [(7, why)])
+    assert len(said) == 2

@@ -9,6 +9,14 @@ from slinky.kube import rest
 from slinky.kubectl import render, status
 from slinky.kubectl.render import Style
 from slinky.kubectl.world import BRIDGE_JOBID_LABEL, World, is_bridge_pod
+from slinky.operator.autoscale.metrics import (
+    Ceiling,
+    counts,
+    hpa_ceiling,
+    never_fits,
+    nodeset_of,
+    nodeset_partition,
+)
 from slinky.operator.nodeset.builder import LABEL_NODESET
 from slinky.types import JSON
 
@@ -131,6 +139,38 @@ def explain_pod(world: World, pod: JSON, events: list[JSON]) -> JSON:
     return out
 
 
+def jobs_never_fitting(world: World, nodeset: JSON) -> list[tuple[int, str]]:
+    """The queued jobs of the NodeSet's partition it can never run (job id, why), by the
+    operator's own rule (autoscale.metrics.never_fits): they are not counted as its demand.
+    For `kubectl slinky status` too."""
+    side = world.slurm_of(nodeset)
+    if side is None or side.error:
+        return []
+    meta = nodeset["metadata"]
+    key = (meta["namespace"], meta["name"])
+    targets = [
+        hpa
+        for hpa in world.hpas
+        if hpa["metadata"]["namespace"] == meta["namespace"]
+        and ((hpa.get("spec") or {}).get("scaleTargetRef") or {}).get("kind") == "NodeSet"
+        and hpa["spec"]["scaleTargetRef"].get("name") == meta["name"]
+    ]
+    nodes, source = hpa_ceiling(targets)
+    own = [n for n in side.nodes.values() if nodeset_of(n) == key]
+    ceiling = Ceiling(
+        nodes=nodes,
+        cpus=max((n.cpus for n in own), default=0) or None,
+        memory_mb=max((n.real_memory for n in own), default=0) or None,
+        source=source,
+    )
+    out = []
+    for job in side.queued_in(nodeset_partition(nodeset)):
+        why = never_fits(job, ceiling) if counts(job) else None
+        if why is not None:
+            out.append((job.job_id, why))
+    return out
+
+
 def explain_nodeset(world: World, nodeset: JSON, events: list[JSON]) -> JSON:
     entry = status.nodeset_entry(world, nodeset)
     lines: list[str] = []
@@ -149,10 +189,17 @@ def explain_nodeset(world: World, nodeset: JSON, events: list[JSON]) -> JSON:
             lines.append(f"HPA {c['type']}={c['status']} ({c['reason']}): {c['message']}")
     for c in entry["conditionsWaiting"]:
         lines.append(f"{c['type']}={c['status']} ({c['reason']}): {c['message']}")
+    never = jobs_never_fitting(world, nodeset) if entry["partition"] else []
     if entry["partition"]:
         lines.append(
             f"partition {entry['partition']}: {entry['queued']} jobs queued (what the "
-            "slurm_nodeset_jobs_pending* metrics count)"
+            "slurm_nodeset_jobs_pending* metrics count"
+            + (f", less {len(never)} it can never run" if never else "")
+            + ")"
+        )
+    for job_id, why in never:
+        lines.append(
+            f"job {job_id} {why}: not counted as demand, it pends until changed or cancelled"
         )
     if not entry["partition"]:
         lines.append("spec.partition is not enabled: no queue of its own to scale from")

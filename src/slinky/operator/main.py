@@ -27,6 +27,7 @@ from slinky.operator.cluster import controller as cluster_controller
 from slinky.operator.cluster.sync import Options
 from slinky.operator.nodeset import controller as nodeset_controller
 from slinky.operator.nodeset import pods as pod_fields
+from slinky.operator.nodeset.sync import BY_HPA_TARGET
 from slinky.operator.nodeset.view import Placement
 from slinky.operator.resources import CLUSTERS, NODESETS
 
@@ -252,6 +253,10 @@ class Operator:
             )
         )
         nodesets = self.factory.shared(NODESETS)
+        # The nodeset controller's HPA informer (same key: the same cache): a NodeSet's
+        # maxReplicas bounds the demand its gauges count.
+        hpas = self.factory.shared(rest.HPAS, transform=nodeset_controller.slim_hpa)
+        self.metrics.hpas_of = lambda key: hpas.by_index(BY_HPA_TARGET, key)
         self.gauges = Gauges(self.metrics, nodesets.objects)
         REGISTRY.register(self.gauges)
         self.cached = InformerObjects(self.factory)
@@ -279,6 +284,7 @@ class Operator:
                     Path(ca) if ca else None,
                 ),
                 allowed_names=[n for n in self.args.metrics_api_allowed_names.split(",") if n],
+                recorder=self.recorder,
             )
         self.server.add_health_check("loops", self.loops_healthy)
         # Not the Lease: every replica syncs its caches and is ready, so a rolling update of

@@ -39,7 +39,7 @@ from aiohttp import web
 from prometheus_client import Histogram
 
 from slinky.background import BackgroundLoop
-from slinky.kube import rest
+from slinky.kube import events, rest
 from slinky.operator.autoscale.metrics import (
     NODESET_METRICS,
     PARTITION_METRICS,
@@ -61,6 +61,7 @@ DEMAND_WINDOW_S = 60.0
 # sync period) costs at most 60/ANSWER_AGE_S requests a minute.
 ANSWER_AGE_S = 10.0
 REFRESH_TIMEOUT_S = 5.0  # then: answer 503, the HPA keeps the current scale
+NEVER_FITS_REASON = "JobNeverFits"
 AUTH_CONFIGMAP = ("kube-system", "extension-apiserver-authentication")
 SERVED = Histogram(
     "slinky_external_metrics_request_duration_seconds",
@@ -122,6 +123,7 @@ class MetricsAPI(BackgroundLoop):
         tls: TLSFiles,
         allowed_names: list[str],
         reload_interval: float = 10.0,
+        recorder: events.EventRecorder | None = None,
     ) -> None:
         self.kube = kube
         self.clients = clients
@@ -139,6 +141,9 @@ class MetricsAPI(BackgroundLoop):
         self._stamps: tuple[Any, ...] = ()
         self._ca_pem = ""
         self._last_request = 0.0
+        self.recorder = recorder
+        # NodeSet uid -> the jobs an event said it can never run.
+        self._told: dict[str, set[int]] = {}
 
     def task_name(self) -> str:
         return "external metrics API reloader"
@@ -369,7 +374,27 @@ class MetricsAPI(BackgroundLoop):
                 "ServiceUnavailable",
                 f"{metric}: Cluster {ns}/{cluster} of NodeSet {name} has no synced Slurm view",
             )
-        return value_list([item(metric, {"nodeset": name}, nodeset_value(stats, obj, metric))])
+        if is_job_metric(metric):
+            self.tell_never_fits(obj, self.metrics.nodeset_demand(stats, obj).never)
+        value = nodeset_value(self.metrics, stats, obj, metric)
+        return value_list([item(metric, {"nodeset": name}, value)])
+
+    def tell_never_fits(self, obj: JSON, never: list[tuple[int, str]]) -> None:
+        """A Warning event on the NodeSet for each job newly left out of its demand because
+        it can never run there (once per job while it stays so)."""
+        uid = str(obj["metadata"].get("uid") or obj["metadata"]["name"])
+        told = self._told.setdefault(uid, set())
+        for job_id, why in never:
+            if job_id not in told and self.recorder is not None:
+                self.recorder.event(
+                    obj,
+                    events.WARNING,
+                    NEVER_FITS_REASON,
+                    f"job {job_id} {why}: it can never run here, so it is not counted as "
+                    "demand (slurm_nodeset_jobs_pending*); it pends until changed or cancelled",
+                    action="Autoscale",
+                )
+        self._told[uid] = {job_id for job_id, _ in never}
 
 
 def item(metric: str, labels: dict[str, str], value: int) -> JSON:

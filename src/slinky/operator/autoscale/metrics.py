@@ -24,6 +24,13 @@ an admin (`JobHeldUser`, `JobHeldAdmin`), waiting on another job (`Dependency`,
 `DependencyNeverSatisfied`) or on its begin time (`BeginTime`). Every other reason counts,
 in particular `PartitionConfig` (the partition has no nodes: scale from zero), `Resources`,
 `Priority` and `Nodes_required_for_job_are_DOWN,_DRAINED…`.
+
+A NodeSet's job gauges leave out, besides, a job its NodeSet can never run (`never_fits`):
+one asking for more nodes than the largest `maxReplicas` of the HPAs scaling it, more CPUs
+than that many of its nodes hold, or a task or a node's worth of memory larger than one of its
+nodes (its Slurm nodes' size; unknown while it has none). Counted, `sbatch -N 5` against a
+maximum of 4 held 4 idle pods for as long as it pended. The partition gauges keep Slurm's
+meaning (every pending job of the partition).
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from slinky.operator.nodeset.builder import (
 from slinky.operator.nodeset.partition import ANNOTATION_PARTITION
 from slinky.operator.nodeset.pods import parse_time
 from slinky.slurm.informer import SlurmInformer
-from slinky.slurm.models import Job, Node, csv
+from slinky.slurm.models import Job, Node, csv, number
 from slinky.types import JSON
 
 UNCOUNTED_REASONS = frozenset(
@@ -74,6 +81,77 @@ def counts(job: Job) -> bool:
     return job.is_pending and job.state_reason not in UNCOUNTED_REASONS
 
 
+@dataclass(frozen=True)
+class Ceiling:
+    """The most a NodeSet can ever offer one job: `nodes` nodes (the largest maxReplicas of
+    the HPAs scaling it, `source` names them; None: nothing bounds it), each with `cpus` CPUs
+    and `memory_mb` MB (its Slurm nodes' largest; None while it has none)."""
+
+    nodes: int | None = None
+    cpus: int | None = None
+    memory_mb: int | None = None
+    source: str = ""
+
+
+def never_fits(job: Job, ceiling: Ceiling) -> str | None:
+    """Why a pending job can never run on a NodeSet at its largest (a sentence naming what it
+    asks and what the NodeSet offers), or None while it may."""
+    nodes = max(1, job.node_count or 1)
+    raw = job.raw
+    if ceiling.nodes is not None and nodes > ceiling.nodes:
+        return f"asks for {nodes} nodes, the NodeSet has at most {ceiling.nodes} ({ceiling.source})"
+    if ceiling.cpus:
+        per_task = number(raw.get("cpus_per_task")) or 0
+        if per_task > ceiling.cpus:
+            return f"asks for {per_task} CPUs per task, a node of the NodeSet has {ceiling.cpus}"
+        if ceiling.nodes is not None and (job.cpus or 0) > ceiling.nodes * ceiling.cpus:
+            return (
+                f"asks for {job.cpus} CPUs, the NodeSet's {ceiling.nodes} nodes at most "
+                f"({ceiling.source}) have {ceiling.nodes * ceiling.cpus}"
+            )
+    if ceiling.memory_mb:
+        per_node = number(raw.get("memory_per_node")) or 0
+        if per_node > ceiling.memory_mb:
+            return (
+                f"asks for {per_node} MB of memory per node, a node of the NodeSet has "
+                f"{ceiling.memory_mb} MB"
+            )
+    return None
+
+
+@dataclass
+class Demand:
+    """A NodeSet's pending demand: jobs that may run on it, the nodes they ask for, and the
+    jobs left out because they never can (job id, why)."""
+
+    jobs_pending: int = 0
+    jobs_pending_nodes: int = 0
+    never: list[tuple[int, str]] = field(default_factory=list)
+
+
+def demand(pending: Iterable[Job], ceiling: Ceiling) -> Demand:
+    """The counted pending jobs of a NodeSet's partition (`counts`) against its ceiling."""
+    out = Demand()
+    for job in pending:
+        why = never_fits(job, ceiling)
+        if why is not None:
+            out.never.append((job.job_id, why))
+            continue
+        out.jobs_pending += 1
+        out.jobs_pending_nodes += max(1, job.node_count or 1)
+    return out
+
+
+def hpa_ceiling(hpas: Iterable[JSON]) -> tuple[int | None, str]:
+    """The most replicas the HPAs scaling a NodeSet may set, and which HPAs say so."""
+    best: tuple[int, str] | None = None
+    for hpa in hpas:
+        top = (hpa.get("spec") or {}).get("maxReplicas")
+        if isinstance(top, int) and (best is None or top > best[0]):
+            best = (top, f"HPA {hpa['metadata']['name']} maxReplicas")
+    return best if best is not None else (None, "")
+
+
 @dataclass
 class PartitionStats:
     jobs_pending: int = 0
@@ -98,6 +176,10 @@ class ClusterStats:
     partitions: dict[str, PartitionStats] = field(default_factory=dict)
     # Idle nodes by (namespace, nodeset), from the Slurm node's identity comment/feature.
     nodeset_idle: dict[tuple[str, str], int] = field(default_factory=dict)
+    # The counted pending jobs by partition (what a NodeSet's demand is made of).
+    pending: dict[str, list[Job]] = field(default_factory=dict)
+    # The largest (CPUs, memory MB) of a NodeSet's Slurm nodes, by (namespace, nodeset).
+    nodeset_size: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
 
 
 def _idle(node: Node) -> bool:
@@ -134,12 +216,16 @@ def compute(informer: SlurmInformer) -> ClusterStats:
             p = parts.setdefault(name, PartitionStats())
             p.jobs_pending += 1
             p.jobs_pending_nodes += max(1, job.node_count or 1)
+            stats.pending.setdefault(name, []).append(job)
     for node in informer.nodes.values():
+        owner = nodeset_of(node)
+        if owner is not None:
+            cpus, memory = stats.nodeset_size.get(owner, (0, 0))
+            stats.nodeset_size[owner] = (max(cpus, node.cpus), max(memory, node.real_memory))
         if not _idle(node):
             continue
         for name in node.partitions:
             parts.setdefault(name, PartitionStats()).nodes_idle += 1
-        owner = nodeset_of(node)
         if owner is not None:
             stats.nodeset_idle[owner] = stats.nodeset_idle.get(owner, 0) + 1
     return stats
@@ -148,10 +234,22 @@ def compute(informer: SlurmInformer) -> ClusterStats:
 class SlurmMetrics:
     """Cached stats per cluster, recomputed only after the cluster's informer polled."""
 
-    def __init__(self, clients: ClusterClients) -> None:
+    def __init__(self, clients: ClusterClients, hpas_of: HpasOf | None = None) -> None:
         self.clients = clients
+        # The HPAs scaling a NodeSet (`namespace/name`), from an informer: its ceiling.
+        self.hpas_of: HpasOf = hpas_of or (lambda _key: ())
         self._cache: dict[str, tuple[int, ClusterStats]] = {}
         self.computations = 0
+
+    def ceiling(self, stats: ClusterStats, obj: JSON) -> Ceiling:
+        """What the NodeSet can ever offer a job (its HPAs' maximum, its nodes' size)."""
+        meta = obj["metadata"]
+        nodes, source = hpa_ceiling(self.hpas_of(f"{meta['namespace']}/{meta['name']}"))
+        cpus, memory = stats.nodeset_size.get((meta["namespace"], meta["name"]), (0, 0))
+        return Ceiling(nodes=nodes, cpus=cpus or None, memory_mb=memory or None, source=source)
+
+    def nodeset_demand(self, stats: ClusterStats, obj: JSON) -> Demand:
+        return demand(stats.pending.get(nodeset_partition(obj), ()), self.ceiling(stats, obj))
 
     def cluster(self, cluster_key: str) -> ClusterStats | None:
         conn = self.clients.get(cluster_key)
@@ -179,6 +277,7 @@ class SlurmMetrics:
 
 
 NodeSetLister = Callable[[], Iterable[JSON]]
+HpasOf = Callable[[str], Iterable[JSON]]
 
 
 class Gauges(Collector):
@@ -218,7 +317,7 @@ class Gauges(Collector):
                 continue
             for m, fam in nset.items():
                 if found.jobs_known or not is_job_metric(m):
-                    fam.add_metric([ns, name], nodeset_value(found, obj, m))
+                    fam.add_metric([ns, name], nodeset_value(self.metrics, found, obj, m))
         yield from part.values()
         yield from nset.values()
 
@@ -354,9 +453,10 @@ def nodeset_partition(obj: JSON) -> str:
     return str(claimed or named or meta["name"])
 
 
-def nodeset_value(stats: ClusterStats, obj: JSON, metric: str) -> int:
-    """A NodeSet's gauge: its idle nodes, or its partition's jobs."""
+def nodeset_value(metrics: SlurmMetrics, stats: ClusterStats, obj: JSON, metric: str) -> int:
+    """A NodeSet's gauge: its idle nodes, or its partition's jobs that it can ever run."""
     if metric.endswith("nodes_idle"):
         key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
         return stats.nodeset_idle.get(key, 0)
-    return stats.partitions.get(nodeset_partition(obj), PartitionStats()).value(metric)
+    found = metrics.nodeset_demand(stats, obj)
+    return found.jobs_pending_nodes if metric.endswith("_nodes") else found.jobs_pending

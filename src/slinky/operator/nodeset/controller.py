@@ -79,8 +79,9 @@ def slim_node(node: JSON) -> JSON:
 
 
 def slim_hpa(hpa: JSON) -> JSON:
-    """What the NodeSet controller reads of an HPA: its target, minReplicas and the reason
-    of its ScalingActive condition. The rest of its status (rewritten at every 15 s sync) is
+    """What the operator reads of an HPA: its target, minReplicas, maxReplicas (the most its
+    NodeSet can have: autoscale.metrics leaves out jobs larger) and the reason of its
+    ScalingActive condition. The rest of its status (rewritten at every 15 s sync) is
     dropped, so a sync that changed nothing of that is no update."""
     spec = hpa.get("spec") or {}
     active = [
@@ -97,7 +98,7 @@ def slim_hpa(hpa: JSON) -> JSON:
             for k in ("name", "namespace", "uid", "resourceVersion")
             if k in hpa["metadata"]
         },
-        "spec": {k: spec[k] for k in ("scaleTargetRef", "minReplicas") if k in spec},
+        "spec": {k: spec[k] for k in ("scaleTargetRef", "minReplicas", "maxReplicas") if k in spec},
     }
 
 
