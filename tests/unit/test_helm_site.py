@@ -367,7 +367,8 @@ def test_login_pods_run_sackd_and_sshd_with_kept_host_keys_and_users_keys(tmp_pa
     nodeset = one(objs, "NodeSet", "slurm-compute-batch")["spec"]["template"]["spec"]
     assert mounts(container(nodeset, "slurmd"))["/home"] == "homes"
     # srun on the login pod and slurmd forwarding a step reach NodeSet pods by node name.
-    search = ["slurm-compute-batch.slurm.svc.cluster.local"]
+    # Every slurmd pod resolves in the release's one slurmd Service (by its Slurm node name).
+    search = ["slurm-slurmd.slurm.svc.cluster.local"]
     assert spec["dnsConfig"] == nodeset["dnsConfig"] == {"searches": search}
     # Users' jobs and logins cannot act as the pod against the Kubernetes API.
     assert nodeset["automountServiceAccountToken"] is False
