@@ -1,19 +1,23 @@
 """`make dev`: on a running test bed, install the CRDs, start slurm-operator in the
 background, and create a sample Cluster and NodeSet whose slurmd pods join the test bed's
 Slurm; the NodeSet has its own partition and an HPA on its pending jobs (the operator serves
-external.metrics.k8s.io). Idempotent: running it again keeps what is there."""
+external.metrics.k8s.io). Idempotent: running it again keeps what is there and what others
+changed (the HPA's replicas, a person's edits)."""
 
 from __future__ import annotations
 
 import argparse
 import base64
+import json
 import os
+import re
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -25,17 +29,83 @@ EXTERNAL = f"/apis/external.metrics.k8s.io/v1beta1/namespaces/{NAMESPACE}"
 REPO = Path(__file__).resolve().parents[2]
 
 
-def kubectl(bed: Testbed, *args: str, stdin: str | None = None) -> str:
-    out = subprocess.run(
+def run_kubectl(
+    bed: Testbed, *args: str, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [str(paths.bin_dir() / "kubectl"), f"--kubeconfig={bed.kubeconfig}", *args],
         input=stdin,
         capture_output=True,
         text=True,
         check=False,
     )
+
+
+def kubectl(bed: Testbed, *args: str, stdin: str | None = None) -> str:
+    out = run_kubectl(bed, *args, stdin=stdin)
     if out.returncode != 0:
         raise SystemExit(f"kubectl {' '.join(args)} failed:\n{out.stderr}")
     return out.stdout
+
+
+# The field manager of the samples. Applied without --force-conflicts: a field another
+# manager took (the HPA's replicas, a person's `kubectl edit`) is never taken back.
+FIELD_MANAGER = "slinky-dev"
+REPLICAS = ".spec.replicas"
+
+
+def for_reapply(obj: dict[str, Any], live: dict[str, Any] | None) -> dict[str, Any]:
+    """The manifest `make dev` applies for sample `obj` when `live` is what the API server
+    holds (None: not there yet). A NodeSet's replicas are the sample's only at creation;
+    afterwards the HPA (or a person's `kubectl scale`) sets them, so a rerun applies the live
+    value: an equal value shares the field with its owner and changes nothing, where the
+    sample's 2 would conflict with the HPA's field manager (or, forced, undo its decision)."""
+    if obj.get("kind") != "NodeSet" or live is None:
+        return obj
+    replicas = (live.get("spec") or {}).get("replicas")
+    spec = dict(obj["spec"])
+    if replicas is None:
+        spec.pop("replicas", None)
+    else:
+        spec["replicas"] = replicas
+    return {**obj, "spec": spec}
+
+
+def conflicting_fields(stderr: str) -> list[str] | None:
+    """The fields a refused server-side apply names (kubectl's "Apply failed with N
+    conflict(s): conflict with "manager" ...: .spec.x" or one "- .spec.x" line per field);
+    None when the failure is not a conflict."""
+    if "Apply failed with" not in stderr:
+        return None
+    return re.findall(r"(?:: |^- )(\.\S+)\s*$", stderr, re.M)
+
+
+def _live(bed: Testbed, obj: dict[str, Any]) -> dict[str, Any] | None:
+    meta = obj["metadata"]
+    ref = f"{obj['kind'].lower()}.{obj['apiVersion'].split('/')[0]}/{meta['name']}"
+    out = kubectl(bed, "get", "-n", meta["namespace"], ref, "-o", "json", "--ignore-not-found")
+    return json.loads(out) if out.strip() else None
+
+
+def apply_sample(bed: Testbed, obj: dict[str, Any]) -> None:
+    """Server-side apply one sample object without force. A conflict means someone changed a
+    field the sample sets: their value stays and a line says so. Only the NodeSet's replicas
+    are read first (see for_reapply), again if the HPA moved them between read and apply."""
+    what = f"{obj['kind']} {obj['metadata'].get('namespace', '')}/{obj['metadata']['name']}"
+    for _ in range(5):
+        manifest = for_reapply(obj, _live(bed, obj)) if obj["kind"] == "NodeSet" else obj
+        args = ("apply", "--server-side", f"--field-manager={FIELD_MANAGER}", "-f", "-")
+        out = run_kubectl(bed, *args, stdin=yaml.safe_dump(manifest))
+        if out.returncode == 0:
+            return
+        fields = conflicting_fields(out.stderr)
+        if fields is None:
+            raise SystemExit(f"kubectl apply of {what} failed:\n{out.stderr}")
+        if fields != [REPLICAS] or obj["kind"] != "NodeSet":
+            first = out.stderr.split("Please review")[0].strip()
+            print(f"kept {what} as it is (a field the sample sets was changed since): {first}")
+            return
+    raise SystemExit(f"{what}: its replicas kept changing while `make dev` applied it")
 
 
 # The username the policy below never refuses: the operator's. The chart's policy names the
@@ -191,10 +261,8 @@ def main() -> None:
     # The Cluster first, and Ready: the operator hands slurmd pods `--conf-server` from the
     # Cluster it has connected to, and a pod created before that would lack it.
     for batch in ([o for o in objects if o["kind"] != "NodeSet"], nodesets):
-        manifest = yaml.safe_dump_all(batch)
-        kubectl(
-            bed, "apply", "--server-side", "--field-manager=slinky-dev", "-f", "-", stdin=manifest
-        )
+        for obj in batch:
+            apply_sample(bed, obj)
         if batch is not nodesets:
             kubectl(
                 bed,

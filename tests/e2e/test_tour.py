@@ -34,10 +34,29 @@ def test_the_readme_has_one_tour_starting_with_make_dev_and_ending_with_dev_down
     assert lines[0] == "make dev" and lines[-1] == "make dev-down"
 
 
+# Where the tour's HPA has taken compute to 0 replicas (the field is the HPA's now), the test
+# runs `make dev` once more: it must succeed and change nothing (every documented command is
+# idempotent; a forced or conflicting apply of the sample's replicas broke this).
+HPA_SCALED = "kubectl -n slurm wait nodeset/compute --for=jsonpath='{.status.replicas}'=0"
+AGAIN = """
+again=$(make dev 2>&1) || { echo "$again"; exit 1; }
+if grep '^kept ' <<<"$again"; then exit 1; fi
+test "$(kubectl -n slurm get nodeset compute -o jsonpath='{.spec.replicas}')" = 0
+echo "make dev again: NodeSet compute kept the HPA's 0 replicas"
+"""
+
+
+def with_make_dev_again(script: str) -> str:
+    """The tour with a second `make dev` right after the HPA has scaled compute to 0."""
+    at = script.index(HPA_SCALED)
+    end = script.index("\n", at)
+    return script[:end] + AGAIN + script[end:]
+
+
 @pytest.mark.longest
 @pytest.mark.timeout(900)
 def test_the_readme_tour_runs_as_written() -> None:
-    script = tour_script((REPO / "README.md").read_text())
+    script = with_make_dev_again(tour_script((REPO / "README.md").read_text()))
     bed_dir = worker_bed_dir("SLINKY_TOUR_TESTBED_DIR", "tour")
     env = {**os.environ, "DEV_DIR": str(bed_dir)}
     env.pop("KUBECONFIG", None)
@@ -58,6 +77,7 @@ def test_the_readme_tour_runs_as_written() -> None:
         # What the tour shows is what it says.
         assert "hello from a pod Slurm placed" in done.stdout
         assert "NodeSet slurm/compute (partition compute" in done.stdout  # kubectl slinky
+        assert "make dev again: NodeSet compute kept the HPA's 0 replicas" in done.stdout
         assert re.search(r"slurm-bridge/gang\s+RUNNING\s+2\s", done.stdout), done.stdout
     finally:
         bed = Testbed(bed_dir)
