@@ -530,7 +530,7 @@ def test_no_key_is_rendered_and_the_hook_makes_them_with_the_sizes_slurm_expects
             "apiGroups": [""],
             "resources": ["secrets"],
             "resourceNames": ["slurm-slurm-key", "slurm-jwt-key"],
-            "verbs": ["get"],
+            "verbs": ["get", "patch"],
         },
         {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
         {

@@ -28,6 +28,7 @@ class FakeKube:
         for n in sts:
             self.objs[("statefulsets", n)] = {"metadata": {"name": n}}
         self.created: list[str] = []
+        self.patches: list[str] = []
         self.race: JSON | None = None  # made by someone else between our get and create
 
     async def get(self, res: rest.Resource, name: str, namespace: str | None = None) -> JSON:
@@ -47,6 +48,15 @@ class FakeKube:
         self.objs[(res.plural, name)] = copy.deepcopy(obj)
         self.created.append(name)
         return obj
+
+    async def patch(
+        self, res: rest.Resource, name: str, patch: JSON, namespace: str | None = None
+    ) -> JSON:
+        assert namespace == NS and res is rest.SECRETS and set(patch) == {"metadata"}
+        self.patches.append(name)
+        meta = self.objs[(res.plural, name)]["metadata"]
+        meta.setdefault("annotations", {}).update(patch["metadata"]["annotations"])
+        return dict(self.objs[(res.plural, name)])
 
     def data(self, name: str) -> dict[str, bytes]:
         raw = self.objs[("secrets", name)]["data"]
@@ -164,3 +174,24 @@ def test_bad_arguments_are_refused_naming_them(
 
 def test_statefulsets_resource_is_apps_v1() -> None:
     assert STATEFULSETS.path(NS, "c") == f"/apis/apps/v1/namespaces/{NS}/statefulsets/c"
+
+
+async def test_a_secret_an_earlier_chart_rendered_is_marked_keep_and_its_data_left_alone() -> None:
+    """Upgrading from a chart version that rendered the key: the Secret leaves the manifest
+    and Helm would delete it (Argo CD prune it) but for these annotations."""
+    kube = FakeKube({"s-slurm-key": {"slurm.key": "b2xk"}})
+    kube.objs[("secrets", "s-slurm-key")]["metadata"]["annotations"] = {
+        "meta.helm.sh/release-name": "s"
+    }
+    wanted = [keys.parse_key("bytes", "s-slurm-key/slurm.key=1024")]
+    done = await ensure(kube, NS, wanted)
+    assert done == [f"kept Secret {NS}/s-slurm-key (an earlier chart's: marked keep)"]
+    notes = kube.objs[("secrets", "s-slurm-key")]["metadata"]["annotations"]
+    assert notes["helm.sh/resource-policy"] == "keep"
+    assert notes["argocd.argoproj.io/sync-options"] == "Prune=false"
+    assert kube.data("s-slurm-key") == {"slurm.key": b"old"} and kube.created == []
+    # Once marked, nothing more; a Secret Helm never made is not touched at all.
+    assert await ensure(kube, NS, wanted) == [f"kept Secret {NS}/s-slurm-key"]
+    site = FakeKube({"s-slurm-key": {"slurm.key": "b2xk"}})
+    await ensure(site, NS, wanted)
+    assert kube.patches == ["s-slurm-key"] and site.patches == []

@@ -42,6 +42,10 @@ class Api(Protocol):
 
     async def create(self, res: rest.Resource, obj: JSON, namespace: str | None = None) -> JSON: ...
 
+    async def patch(
+        self, res: rest.Resource, name: str, patch: JSON, namespace: str | None = None
+    ) -> JSON: ...
+
 
 @dataclass(frozen=True)
 class Key:
@@ -59,6 +63,13 @@ class Key:
         if self.make == "alnum":
             return "".join(secrets.choice(ALNUM) for _ in range(int(self.arg))).encode()
         return Path(self.arg).read_bytes()
+
+
+# A Secret an earlier chart version rendered is in the release's manifest: the first upgrade
+# to a chart that renders it no more would delete it (Helm deletes what left the manifest
+# unless the live object says keep; Argo CD prunes it unless told not to). Only these
+# annotations are added; the data is never touched.
+ADOPT = {"helm.sh/resource-policy": "keep", "argocd.argoproj.io/sync-options": "Prune=false"}
 
 
 class Refused(Exception):
@@ -140,6 +151,12 @@ async def ensure(
                 f"Secret {namespace}/{name} exists without key {', '.join(missing)}: it is "
                 "never changed here. Add the key to it, or delete it to have it made"
             )
+        notes = (old.get("metadata") or {}).get("annotations") or {}
+        earlier = "meta.helm.sh/release-name" in notes
+        if earlier and any(notes.get(k) != v for k, v in ADOPT.items()):
+            await kube.patch(rest.SECRETS, name, {"metadata": {"annotations": ADOPT}}, namespace)
+            done.append(f"kept Secret {namespace}/{name} (an earlier chart's: marked keep)")
+            continue
         done.append(f"kept Secret {namespace}/{name}")
     return done
 
