@@ -65,15 +65,7 @@ def install(bed: Testbed, ports: Ports) -> None:
     NodeSet `compute` with its HPA, the bridge), plus NodeSet `batch`. dev's own help text
     is swallowed: the soak prints its report instead."""
     with contextlib.redirect_stdout(io.StringIO()):
-        dev.kubectl(bed, "apply", "--server-side", "-f", str(dev.REPO / "config" / "crd"))
-        dev.kubectl(
-            bed,
-            "wait",
-            "--for=condition=Established",
-            "crd/clusters.slinky.slurm.net",
-            "crd/nodesets.slinky.slurm.net",
-            "--timeout=60s",
-        )
+        dev.install_crds(bed)
         dev_bridge.reserve_node(bed)
         start_operator(bed, ports)
         objects = dev.sample_objects(bed)

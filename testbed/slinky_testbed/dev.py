@@ -239,19 +239,29 @@ def start_operator(bed: Testbed) -> tuple[int, int]:
     raise SystemExit("slurm-operator did not become ready; see " + str(bed.logs / "operator.log"))
 
 
+CRDS = ("clusters.slinky.slurm.net", "nodesets.slinky.slurm.net")
+
+
+def install_crds(bed: Testbed, timeout: float = 60.0) -> None:
+    """Apply the CRDs and wait until each is Established. (`kubectl wait --for=condition`
+    fails at once, not waits, on a CRD whose status.conditions the apiserver has not filled
+    yet: "accessor error: <nil>"; a fresh bed's tour hit it with the NodeSet CRD's full pod
+    template schema.)"""
+    kubectl(bed, "apply", "--server-side", "-f", str(REPO / "config" / "crd"))
+    path = '{.status.conditions[?(@.type=="Established")].status}'
+    deadline = time.monotonic() + timeout
+    for crd in CRDS:
+        while run_kubectl(bed, "get", f"crd/{crd}", "-o", f"jsonpath={path}").stdout != "True":
+            if time.monotonic() > deadline:
+                raise SystemExit(f"CRD {crd} not Established after {timeout:.0f}s")
+            time.sleep(0.2)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="slinky-dev")
     p.add_argument("--dir", type=Path, required=True)
     bed = Testbed(p.parse_args().dir)
-    kubectl(bed, "apply", "--server-side", "-f", str(REPO / "config" / "crd"))
-    kubectl(
-        bed,
-        "wait",
-        "--for=condition=Established",
-        "crd/clusters.slinky.slurm.net",
-        "crd/nodesets.slinky.slurm.net",
-        "--timeout=60s",
-    )
+    install_crds(bed)
     dev_bridge.reserve_node(bed)  # before any slurmd pod exists
     ports = None
     if not operator_running(bed):

@@ -311,7 +311,8 @@ async def test_a_job_id_given_to_another_job_after_a_slurmctld_restart_is_never_
     Slurm had given the node to someone else, and its end cancelled the other job.)"""
     env, ns = bridge, bridge.managed_namespace
     state = env.testbed.root / "var" / "spool" / "slurmctld" / "job_state"
-    saved = state.read_bytes()  # before the pod's job exists
+    # Before the pod's job exists (none at all: no job was ever saved on this bed yet).
+    saved = state.read_bytes() if state.exists() else None
     name = f"reused-{uuid.uuid4().hex[:6]}"
     await env.kube.create(rest.PODS, workload_pod(name, ["sleep", "600"]), ns)
     running = await pod_where(
@@ -324,7 +325,8 @@ async def test_a_job_id_given_to_another_job_after_a_slurmctld_restart_is_never_
         await asyncio.to_thread(env.testbed.kill_component, "slurmctld")
         for leftover in state.parent.glob("job_state*"):
             leftover.unlink()
-        state.write_bytes(saved)
+        if saved is not None:
+            state.write_bytes(saved)
         await asyncio.to_thread(env.testbed.start_component, "slurmctld")
         # Held jobs on the pod's node take the ids saved before ours that other jobs took
         # since; the one given ours is released and runs there, as the pod's job did.
