@@ -30,7 +30,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench import soak_bed, soak_chaos, soak_health, soak_metrics, soak_report, soak_work
+from bench import (
+    soak_accounting,
+    soak_bed,
+    soak_chaos,
+    soak_health,
+    soak_metrics,
+    soak_report,
+    soak_work,
+)
 from bench.soak_bed import BRIDGE_NAMESPACE, Ports
 from bench.soak_invariants import InvariantWatch
 from bench.soak_state import Soak
@@ -207,6 +215,7 @@ async def soak_run(args: argparse.Namespace, bed: Testbed, echo: Callable[[str],
         await chaos
         ran_s = time.time() - soak.started_at
         stuck = await settle(soak, invariants, args.settle)
+        accounting = await soak_accounting.catch_up(soak) if bed.load().accounting else None
         hangs = await asyncio.to_thread(hung_stacks, bed, stuck)
         await soak_metrics.scrape_all(soak, requests)
         settle_s = time.time() - soak.started_at - ran_s
@@ -229,6 +238,7 @@ async def soak_run(args: argparse.Namespace, bed: Testbed, echo: Callable[[str],
         stuck=stuck,
         hangs=hangs,
         events=events,
+        accounting=accounting,
     )
     (out / "report.json").write_text(json.dumps(report.to_json(), indent=2))
     print(json.dumps(report.to_json(), indent=2) if args.json else soak_report.render(report))

@@ -1,9 +1,10 @@
 """The chaos soak's own test bed: `make dev`'s setup on three real nodes (two for slurmd
 pods, the last set aside for slurm-bridge) and two kwok nodes (the bridge's too), with a
 second NodeSet beside dev's HPA-driven `compute`: `batch`, its own partition, no HPA, scaled
-by the soak. The operator and the bridge run as processes started exactly as `make dev`
-starts them (`slinky_testbed.dev`, `slinky_testbed.dev_bridge`), so a restart is the same
-call again: new ports, the webhook and the metrics APIService re-registered."""
+by the soak; jobs are accounted (MariaDB and slurmdbd in the Slurm root,
+`Testbed.up(accounting=True)`). The operator and the bridge run as processes started exactly
+as `make dev` starts them (`slinky_testbed.dev`, `slinky_testbed.dev_bridge`), so a restart
+is the same call again: new ports, the webhook and the metrics APIService re-registered."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ def up(bed: Testbed, *, log: Callable[[str], None]) -> None:
     """A fresh test bed (whatever ran in this directory before is stopped first)."""
     if bed.status_lines(only_running=True):
         bed.down(log=log)
-    bed.up(real_nodes=REAL_NODES, kwok_nodes=KWOK_NODES, log=log)
+    bed.up(real_nodes=REAL_NODES, kwok_nodes=KWOK_NODES, accounting=True, log=log)
 
 
 def scaled_nodeset(bed: Testbed) -> dict[str, Any]:

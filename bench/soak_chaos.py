@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -96,6 +97,13 @@ async def start(soak: Soak, name: str) -> None:
         await on_bed(soak, soak_bed.start_bridge, soak.bed, soak.ports)
     else:
         await on_bed(soak, soak.bed.start_component, name)
+
+
+def supervised(soak: Soak) -> list[str]:
+    """The supervised processes this test bed has (MariaDB and slurmdbd only with
+    accounting)."""
+    pids = soak.bed.load().pids
+    return [n for n in SUPERVISED if n in pids]
 
 
 def alive(soak: Soak, name: str) -> bool:
@@ -182,6 +190,15 @@ async def apiserver_fine(soak: Soak, since: float) -> list[str]:
     return await soak_health.operator_problems(soak) + await soak_health.bridge_problems(soak)
 
 
+async def accounting_fine(soak: Soak, _since: float) -> list[str]:
+    try:
+        if await asyncio.to_thread(soak.bed.slurmdbd_answers):
+            return []
+    except subprocess.SubprocessError as e:
+        return [f"sacctmgr ping: {e}"]
+    return ["slurmdbd does not answer sacctmgr ping UP (down, or without its database)"]
+
+
 async def nodes_fine(soak: Soak, since: float) -> list[str]:
     nodes = (await soak.kube.list(rest.NODES))["items"]
     return [f"node {n['metadata']['name']} not Ready" for n in nodes if not soak_health.ready(n)]
@@ -227,6 +244,20 @@ async def restart_slurmctld(soak: Soak, rng: random.Random) -> str:
     down = round(rng.uniform(0, 3), 1)
     await crash_and_restart(soak, "slurmctld", down, graceful=True)
     return f"SIGTERM (state saved), started again after {down}s"
+
+
+async def kill_slurmdbd(soak: Soak, rng: random.Random) -> str:
+    down = round(rng.uniform(0, 5), 1)
+    await crash_and_restart(soak, "slurmdbd", down)
+    return f"SIGKILL, started again after {down}s"
+
+
+async def kill_mariadb(soak: Soak, rng: random.Random) -> str:
+    """MariaDB under slurmdbd dies; slurmdbd stays up and must reconnect by itself (the
+    supervisor starts slurmdbd again if it exits instead)."""
+    down = round(rng.uniform(0, 5), 1)
+    await crash_and_restart(soak, "mariadb", down)
+    return f"SIGKILL, started again after {down}s"
 
 
 async def kill_apiserver(soak: Soak, rng: random.Random) -> str:
@@ -532,6 +563,12 @@ CHAOS: tuple[Chaos, ...] = (
           kill_slurmctld, slurmctld_fine),
     Chaos("restart-slurmctld", 1, "stop slurmctld (SIGTERM), start it again after 0-3 s",
           "as kill-slurmctld", restart_slurmctld, slurmctld_fine),
+    Chaos("kill-slurmdbd", 1, "kill -9 slurmdbd, start it again after 0-5 s",
+          "slurmdbd answers sacctmgr ping UP", kill_slurmdbd, accounting_fine,
+          recover_within_s=120),
+    Chaos("kill-mariadb", 1, "kill -9 MariaDB under slurmdbd, start it again after 0-5 s "
+          "(slurmdbd reconnects)", "slurmdbd answers sacctmgr ping UP (it reached MariaDB)",
+          kill_mariadb, accounting_fine, recover_within_s=120),
     Chaos("kill-apiserver", 1, "kill -9 kube-apiserver, start it again after 0-5 s",
           "operator and bridge ready and healthy with fresh Leases", kill_apiserver,
           apiserver_fine),
@@ -638,15 +675,16 @@ async def run_plan(soak: Soak, planned: list[Planned]) -> None:
 async def supervise(soak: Soak) -> None:
     """Play the process supervisor a Deployment, a kubelet or systemd would be: a process of
     ours (operator, bridge) or of the test bed (apiserver, kube-controller-manager,
-    kube-scheduler, slurmctld, slurmrestd) that exited
-    while no action had stopped it is recorded with the last line of its log and started
-    again (the operator and the bridge exit 1 by design when they lose their Lease)."""
+    kube-scheduler, slurmctld, slurmrestd, and with accounting MariaDB and slurmdbd, as
+    systemd would) that exited while no action had stopped it is recorded with the last line
+    of its log and started again (the operator and the bridge exit 1 by design when they
+    lose their Lease)."""
     await soak.rounds("supervise", lambda: supervise_once(soak), 2)
 
 
 async def supervise_once(soak: Soak) -> None:
     """One look at every supervised process (see `supervise`)."""
-    for name in SUPERVISED:
+    for name in supervised(soak):
         if not soak.supervised[name] or alive(soak, name):
             continue
         lines = [
@@ -669,7 +707,7 @@ async def supervise_once(soak: Soak) -> None:
 async def restore(soak: Soak) -> None:
     """After the last action: every process up, every node uncordoned, NodeSet batch at 2
     pods at least (its queued jobs need nodes to finish, some of them two)."""
-    for name in SUPERVISED:
+    for name in supervised(soak):
         if not alive(soak, name):
             soak.log(f"restore: {name} is not running; starting it")
             await start(soak, name)

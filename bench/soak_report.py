@@ -24,6 +24,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from bench.soak_accounting import Judgement
 from bench.soak_chaos import CHAOS
 from bench.soak_invariants import INVARIANTS, InvariantWatch
 from bench.soak_metrics import Requests
@@ -69,6 +70,10 @@ class Report:
     hpa_zero_and_back: int = 0
     invariants: dict[str, list[str]] = field(default_factory=dict)
     invariant_samples: int = 0
+    # The accounting invariant (soak_accounting): jobs checked, with their one matching
+    # record, breaches, and those explained by a slurmctld kill -9 (Slurm's); {} without
+    # accounting.
+    accounting: JSON = field(default_factory=dict)
     # Spans in which slurmctld's saved state would not have started (soak_watch).
     unstartable_state: list[str] = field(default_factory=list)
     stuck: list[str] = field(default_factory=list)
@@ -91,6 +96,8 @@ class Report:
             out.append(f"{n} bridge pods not Succeeded")
         if n := sum(len(v) for v in self.invariants.values()):
             out.append(f"{n} invariant breaches")
+        if n := len(self.accounting.get("breaches") or []):
+            out.append(f"{n} accounting breaches")
         if self.unstartable_state:
             out.append(f"{len(self.unstartable_state)} spans of saved state slurmctld refuses")
         if self.stuck:
@@ -407,6 +414,7 @@ def build(
     stuck: list[str],
     events: dict[str, list[str]],
     hangs: dict[str, list[str]] | None = None,
+    accounting: Judgement | None = None,
 ) -> Report:
     r = Report(seed, duration_s, intensity, str(soak.bed.dir), ran_s=ran_s, settle_s=settle_s)
     batch = [j for j in soak.all_jobs() if not j.placeholder]
@@ -475,6 +483,13 @@ def build(
             if b.invariant == inv.name
         ]
     r.invariant_samples = invariants.samples
+    if accounting is not None:
+        r.accounting = {
+            "checked": accounting.checked,
+            "matching": accounting.matching,
+            "breaches": sorted(accounting.breaches.values()),
+            "slurm": sorted(accounting.slurms.values()),
+        }
     r.unstartable_state = [
         f"{soak.rel(a)}..{soak.rel(b)}: {', '.join(names)}"
         for a, b, names in spans(soak.unstartable, gap=2 * SAVED_STATE_S + 1)
@@ -562,6 +577,16 @@ def render(r: Report) -> str:
     for name, breaches in r.invariants.items():
         lines.append(f"  {name}: {len(breaches)}")
         lines += [f"    {b}" for b in breaches[:10]]
+    if r.accounting:
+        a = r.accounting
+        lines += [
+            "",
+            f"Accounting: {a['matching']} of {a['checked']} ended jobs have exactly one record "
+            f"with their end state; breaches {len(a['breaches'])}, explained by a slurmctld "
+            f"kill -9 (Slurm's) {len(a['slurm'])}",
+        ]
+        lines += [f"  {b}" for b in a["breaches"][:20]]
+        lines += [f"  Slurm's: {b}" for b in a["slurm"][:20]]
     lines += [
         "",
         "slurmctld's saved state a restart refuses (partitions naming nodes it lacks): "

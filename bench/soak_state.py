@@ -26,7 +26,17 @@ JSON = dict[str, Any]
 
 # The processes the soak restarts when they exit on their own, as a Deployment or systemd
 # would (see soak_chaos.supervise).
-SUPERVISED = ("apiserver", "kcm", "scheduler", "slurmctld", "slurmrestd", "operator", "bridge")
+SUPERVISED = (
+    "apiserver",
+    "kcm",
+    "scheduler",
+    "slurmctld",
+    "slurmrestd",
+    "mariadb",
+    "slurmdbd",
+    "operator",
+    "bridge",
+)
 
 
 @dataclass

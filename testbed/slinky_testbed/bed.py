@@ -84,6 +84,9 @@ class State:
     # Seconds from starting the first containerd to every node Ready (for reports).
     nodes_ready_s: float = 0.0
     images_import_s: float = 0.0
+    # Job accounting (`up(accounting=True)`): MariaDB and slurmdbd in the Slurm root.
+    accounting: bool = False
+    db_password: str = ""
 
 
 class Testbed:
@@ -205,9 +208,14 @@ class Testbed:
         *,
         real_nodes: int = 0,
         kwok_nodes: int = 0,
+        accounting: bool = False,
         log: Callable[[str], None],
     ) -> None:
-        """Start every component and wait until each is ready (or raise with its log)."""
+        """Start every component and wait until each is ready (or raise with its log).
+
+        With `accounting`, MariaDB and slurmdbd run in the Slurm root too (`mariadb` and
+        `slurmdbd`, started before slurmctld as the slurm chart orders them) and slurm.conf
+        accounts jobs there."""
         if self.status_lines(only_running=True):
             raise TestbedError(
                 f"test bed {self.dir} is already up; run `slinky testbed down` first"
@@ -238,7 +246,12 @@ class Testbed:
             "slurmd",
             "slurmrestd",
         ]
+        if accounting:
+            self._check_accounting_binaries()
+            names += ["mariadb", "slurmdbd"]
         state = State(ports=dict(zip(names, procs.free_ports(len(names)), strict=True)))
+        state.accounting = accounting
+        state.db_password = secrets.token_hex(16) if accounting else ""
         state.admin_token = secrets.token_hex(16)
         state.etcd_dir = (
             f"/dev/shm/slinky-etcd-{hashlib.sha1(str(self.dir).encode()).hexdigest()[:10]}"
@@ -259,11 +272,18 @@ class Testbed:
                     ctld_port=state.ports["slurmctld"],
                     slurmd_port=state.ports["slurmd"],
                     ctld_addr=self.names(state).host_ip if real_nodes else None,
+                    dbd_port=state.ports["slurmdbd"] if accounting else None,
                 )
                 state.slurm_token = self.mint_slurm_token()
                 if real_nodes:
                     nodes.setup_network(self.names(state), real_nodes)
             self._start_etcd(state)
+            if accounting:
+                self._init_mariadb(state)
+                self._start_mariadb(state)
+                self._wait("mariadb", lambda: self._mariadb_ok(state), 60)
+                self._start_slurmdbd(state)
+                self._wait("slurmdbd", self.slurmdbd_answers, 30)
             self._start_slurmctld(state)
             self._wait(
                 "etcd", lambda: self._http_ok(f"http://127.0.0.1:{state.ports['etcd']}/health"), 30
@@ -306,6 +326,13 @@ class Testbed:
         if missing or not paths.slurm_root_tarball().exists():
             raise TestbedError(
                 f"missing test bed binaries {missing or ['slurm root']}: run `slinky testbed build`"
+            )
+
+    def _check_accounting_binaries(self) -> None:
+        wanted = ("usr/sbin/mariadbd", "usr/bin/mariadb-install-db", "usr/sbin/slurmdbd")
+        if missing := [b for b in wanted if not (self.root / b).exists()]:
+            raise TestbedError(
+                f"the Slurm root {self.root} lacks {missing}: rebuild it (`slinky testbed build`)"
             )
 
     def _ensure_root(self, log: Callable[[str], None]) -> None:
@@ -693,6 +720,92 @@ class Testbed:
     def _start_slurmctld(self, state: State) -> None:
         self._spawn(state, "slurmctld", ["chroot", str(self.root), "slurmctld", "-D", "-i"])
 
+    # ---------------------------------------------------------------- accounting (opt-in)
+
+    def _init_mariadb(self, state: State) -> None:
+        """A new, empty MariaDB data directory in the Slurm root (the bed's accounting starts
+        empty at every `up`), slurmdbd.conf and mariadbd's init file (database and user)."""
+        for d in (slurmconf.DB_DATADIR, "/run/mysqld", "/run/slurmdbd"):
+            path = self.root / d.lstrip("/")
+            if path.exists():
+                subprocess.run(["rm", "-rf", "--one-file-system", str(path)], check=True)
+            path.mkdir(parents=True)
+        etc = self.root / "etc" / "slurm"
+        conf = etc / "slurmdbd.conf"
+        conf.write_text(
+            slurmconf.slurmdbd_conf(
+                dbd_port=state.ports["slurmdbd"],
+                db_port=state.ports["mariadb"],
+                db_password=state.db_password,
+            )
+        )
+        os.chmod(conf, 0o600)  # slurmdbd refuses a slurmdbd.conf others may read
+        init = self.root / slurmconf.DB_INIT_FILE.lstrip("/")
+        init.write_text(slurmconf.mariadb_init_sql(state.db_password))
+        os.chmod(init, 0o600)
+        for argv in (
+            ["chown", "mysql:mysql", slurmconf.DB_DATADIR, "/run/mysqld", slurmconf.DB_INIT_FILE],
+            [
+                "mariadb-install-db",
+                "--user=mysql",
+                f"--datadir={slurmconf.DB_DATADIR}",
+                "--auth-root-authentication-method=socket",
+                "--skip-test-db",
+            ],
+        ):
+            done = self.slurm(argv, capture=True, timeout=120)
+            if done.returncode != 0:
+                raise TestbedError(
+                    f"{' '.join(argv)} failed in the Slurm root (exit {done.returncode}):\n"
+                    + (done.stdout + done.stderr)[-2000:]
+                )
+
+    def _start_mariadb(self, state: State) -> None:
+        self._spawn(
+            state,
+            "mariadb",
+            [
+                "chroot",
+                str(self.root),
+                "mariadbd",
+                *slurmconf.mariadbd_args(db_port=state.ports["mariadb"]),
+            ],
+        )
+
+    def _mariadb_ok(self, state: State) -> bool:
+        """slurmdbd's user logs in over TCP with its password and sees its database."""
+        done = subprocess.run(
+            [
+                "chroot",
+                str(self.root),
+                "mariadb",
+                "--connect-timeout=2",
+                "-h",
+                "127.0.0.1",
+                "-P",
+                str(state.ports["mariadb"]),
+                "-u",
+                slurmconf.DB_USER,
+                "-e",
+                f"USE {slurmconf.DB_NAME}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "MYSQL_PWD": state.db_password},
+        )
+        return done.returncode == 0
+
+    def _start_slurmdbd(self, state: State) -> None:
+        self._spawn(state, "slurmdbd", ["chroot", str(self.root), "slurmdbd", "-D"])
+
+    def slurmdbd_answers(self) -> bool:
+        """Whether slurmdbd answers `sacctmgr ping` UP: it runs and reaches its database
+        (it says DOWN while MariaDB does not answer)."""
+        out = self.slurm(["sacctmgr", "-n", "ping"], capture=True, timeout=10)
+        return out.returncode == 0 and " UP" in out.stdout and "DOWN" not in out.stdout
+
     def _start_slurmrestd(self, state: State) -> None:
         listen = [f"127.0.0.1:{state.ports['slurmrestd']}"]
         if state.real_nodes:  # also where pods (e.g. an operator in a pod) reach it
@@ -750,6 +863,9 @@ class Testbed:
             "apiserver": (self._start_apiserver, lambda: self._kube_ok(state, "/readyz")),
             "slurmrestd": (self._start_slurmrestd, lambda: self._slurmrestd_ok(state)),
             "slurmctld": (self._start_slurmctld, self._slurmctld_up),
+            # Only on a bed started with accounting.
+            "mariadb": (self._start_mariadb, lambda: self._mariadb_ok(state)),
+            "slurmdbd": (self._start_slurmdbd, self.slurmdbd_answers),
             # Static pods a kubelet would start again (kube-scheduler exits by design when
             # it finds its cache corrupted, e.g. a Binding applied whose answer was lost).
             "kcm": (

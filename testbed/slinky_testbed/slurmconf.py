@@ -12,12 +12,18 @@ JWT_KEY_PATH = "/etc/slurm/jwt_hs256.key"
 
 
 def slurm_conf(
-    *, ctld_port: int, slurmd_port: int, ctld_addr: str | None = None, max_nodes: int = 4096
+    *,
+    ctld_port: int,
+    slurmd_port: int,
+    ctld_addr: str | None = None,
+    max_nodes: int = 4096,
+    dbd_port: int | None = None,
 ) -> str:
     """The slurm.conf text. Dynamic nodes (`slurmd -Z`) join the `all` partition.
 
     `ctld_addr` is where configless slurmds in pods reach slurmctld; the name stays
-    `localhost` so that slurmctld still knows it is the controller named there."""
+    `localhost` so that slurmctld still knows it is the controller named there. With
+    `dbd_port`, jobs are accounted in the slurmdbd serving there (`slurmdbd_conf`)."""
     host = f"localhost({ctld_addr})" if ctld_addr else "localhost"
     lines = [
         "ClusterName=slinky",
@@ -58,9 +64,16 @@ def slurm_conf(
         # partition through the NodeSet (REST cannot create NodeSets).
         "NodeSet=slurm-bridge Feature=slurm-bridge",
         "PartitionName=slurm-bridge Nodes=slurm-bridge MaxTime=INFINITE State=UP",
-        "",
     ]
-    return "\n".join(lines)
+    if dbd_port is not None:
+        # No AccountingStorageEnforce: a job needs no association (every job runs as root,
+        # whose association slurmctld's first registration makes with the cluster).
+        lines += [
+            "AccountingStorageType=accounting_storage/slurmdbd",
+            "AccountingStorageHost=localhost",
+            f"AccountingStoragePort={dbd_port}",
+        ]
+    return "\n".join([*lines, ""])
 
 
 # Every job is placed as on one flat network, except in partitions that name the tree
@@ -88,14 +101,21 @@ RESOLV_CONF = "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n"
 
 
 def write_slurm_config(
-    root: Path, *, ctld_port: int, slurmd_port: int, ctld_addr: str | None = None
+    root: Path,
+    *,
+    ctld_port: int,
+    slurmd_port: int,
+    ctld_addr: str | None = None,
+    dbd_port: int | None = None,
 ) -> None:
     """Write slurm.conf, cgroup.conf, topology.yaml and fresh keys into the Slurm root; reset
     daemon state."""
     etc = root / "etc" / "slurm"
     etc.mkdir(parents=True, exist_ok=True)
     (etc / "slurm.conf").write_text(
-        slurm_conf(ctld_port=ctld_port, slurmd_port=slurmd_port, ctld_addr=ctld_addr)
+        slurm_conf(
+            ctld_port=ctld_port, slurmd_port=slurmd_port, ctld_addr=ctld_addr, dbd_port=dbd_port
+        )
     )
     (etc / "cgroup.conf").write_text("CgroupPlugin=disabled\n")
     (root / "etc" / "resolv.conf").write_text(RESOLV_CONF)
@@ -110,6 +130,68 @@ def write_slurm_config(
         if path.exists() and d.startswith("var/spool"):
             _empty(path)
         path.mkdir(parents=True, exist_ok=True)
+
+
+# ---------------------------------------------------------------- accounting (opt-in)
+
+DB_NAME = "slurm_acct_db"
+DB_USER = "slurm"
+DB_SOCKET = "/run/mysqld/mysqld.sock"
+DB_DATADIR = "/var/lib/mysql"
+DB_INIT_FILE = "/run/mysqld/init.sql"
+
+
+def slurmdbd_conf(*, dbd_port: int, db_port: int, db_password: str) -> str:
+    """slurmdbd.conf: slurmdbd on localhost, its database the bed's MariaDB over TCP with a
+    password (as the slurm chart's), JWT accepted beside auth/slurm (slurmrestd's /slurmdb)."""
+    return "\n".join(
+        [
+            "AuthType=auth/slurm",
+            "AuthAltTypes=auth/jwt",
+            f"AuthAltParameters=jwt_key={JWT_KEY_PATH}",
+            "DbdHost=localhost",
+            f"DbdPort={dbd_port}",
+            f"SlurmUser={SLURM_USER}",
+            "PidFile=/run/slurmdbd/slurmdbd.pid",
+            "StorageType=accounting_storage/mysql",
+            "StorageHost=127.0.0.1",
+            f"StoragePort={db_port}",
+            f"StorageLoc={DB_NAME}",
+            f"StorageUser={DB_USER}",
+            f"StoragePass={db_password}",
+            "",
+        ]
+    )
+
+
+def mariadbd_args(*, db_port: int) -> list[str]:
+    """mariadbd's options (after the root's /etc/mysql defaults): TCP on loopback only, the
+    settings slurmdbd asks for (it refuses to run with snapshot isolation, warns below a
+    lock wait of 900 s); commits are written to the OS at once, flushed to disk each second
+    (a kill -9 of mariadbd loses nothing; only a host crash could)."""
+    return [
+        "--user=mysql",
+        f"--datadir={DB_DATADIR}",
+        f"--socket={DB_SOCKET}",
+        "--pid-file=/run/mysqld/mysqld.pid",
+        f"--port={db_port}",
+        "--bind-address=127.0.0.1",
+        "--skip-name-resolve",
+        f"--init-file={DB_INIT_FILE}",
+        "--innodb-snapshot-isolation=OFF",
+        "--innodb-lock-wait-timeout=900",
+        "--innodb-flush-log-at-trx-commit=2",
+    ]
+
+
+def mariadb_init_sql(db_password: str) -> str:
+    """Run by mariadbd at every start (--init-file): the database and slurmdbd's user."""
+    return (
+        f"CREATE DATABASE IF NOT EXISTS `{DB_NAME}`;\n"
+        f"CREATE USER IF NOT EXISTS '{DB_USER}'@'%' IDENTIFIED BY '{db_password}';\n"
+        f"ALTER USER '{DB_USER}'@'%' IDENTIFIED BY '{db_password}';\n"
+        f"GRANT ALL ON `{DB_NAME}`.* TO '{DB_USER}'@'%';\n"
+    )
 
 
 def _empty(path: Path) -> None:
