@@ -203,7 +203,7 @@ def sacct_records(soak: Soak, since: float) -> list[Record]:
             "-n",
             "-P",
             "-S",
-            time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since)),
+            f"now-{math.ceil(time.time() - since)}seconds",  # no time zone to get wrong
             "-E",
             "now",
             "-o",
