@@ -174,6 +174,51 @@ def test_the_entrypoint_waits_until_slurmdbd_answers_up_logging_each_try(tmp_pat
     assert (tmp_path / "count").read_text().strip() == "3"
 
 
+def test_the_entrypoint_runs_sackd_for_sacctmgr_while_it_waits_with_auth_slurm(
+    tmp_path: Path,
+) -> None:
+    # auth/slurm: a client command signs with a sack socket only (slurmctld's, sackd's), and
+    # none is there before slurmctld starts: sacctmgr said "failed to connect to any sack
+    # sockets" for good. The fake sacctmgr answers UP only while the fake sackd runs.
+    d = tmp_path
+    (d / "slurm.conf").write_text("AuthType=auth/slurm\n" + ACCOUNTING_CONF)
+    bin_dir = d / "bin"
+    bin_dir.mkdir()
+    fakes = {
+        "sackd": (
+            f'd={d}; echo "$@" > "$d/sackd.args"\n'
+            "trap 'rm -f \"$d/sackd.running\"; exit 0' TERM\n"
+            'touch "$d/sackd.running" "$d/sack.socket"\n'
+            "while :; do sleep 0.1; done\n"
+        ),
+        "sacctmgr": (
+            f"d={d}\n"
+            'if [ -e "$d/sackd.running" ]; then echo "slurmdbd(primary) at dbd is UP"; exit 0; fi\n'
+            'echo "sacctmgr: error: failed to connect to any sack sockets"\n'
+            'echo "slurmdbd(primary) at dbd is DOWN"; exit 1\n'
+        ),
+    }
+    for name, body in fakes.items():
+        (bin_dir / name).write_text("#!/bin/sh\n" + body)
+        (bin_dir / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    env["SLURM_CONF"] = str(d / "slurm.conf")
+    env["SLURM_ENTRYPOINT_SACK_SOCKET"] = str(d / "sack.socket")
+    got = subprocess.run(
+        ["sh", str(ENTRYPOINT), "wait-for-slurmdbd"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=10,
+        check=False,
+    )
+    assert got.returncode == 0, got.stderr
+    assert "not answering" not in got.stderr, got.stderr  # it waited for sackd's socket
+    assert got.stderr.splitlines()[-1].endswith("6819 answers"), got.stderr
+    assert (d / "sackd.args").read_text().split() == ["-D", "-f", str(d / "slurm.conf")]
+    assert not (d / "sackd.running").exists()  # stopped before slurmctld starts
+
+
 def test_the_entrypoint_does_not_wait_without_slurmdbd_accounting(tmp_path: Path) -> None:
     got = _entrypoint(tmp_path, "ClusterName=c\n", ["1 unable to run ping"])
     assert got.returncode == 0, got.stderr
