@@ -474,7 +474,7 @@ async def test_a_cancel_that_fails_when_a_group_is_abandoned_is_retried() -> Non
     slurm.refuse_cancel = True
     pods.delete("ns/g-0")
     await sync.reconcile("ns/g-0")
-    assert job_label(pods.get("ns/g-1")) is None and sync.ledger.owed() == [job_id]
+    assert job_label(pods.get("ns/g-1")) is None and [j for j, _ in sync.ledger.owed()] == [job_id]
     slurm.refuse_cancel = False
     sync._cancel_tried = 0.0
     await sync.reconcile("ns/g-1")

@@ -581,3 +581,34 @@ async def test_slurmctlds_start_is_asked_once_for_callers_at_the_same_time() -> 
     assert await start.get(10.0) == 1000  # fresh enough for this caller
     assert await start.get(0.0) == 2000
     assert slurm.diags == 2
+
+
+async def test_a_restart_one_watch_saw_makes_the_other_watchs_reads_untrusted() -> None:
+    """The workload controller's watch looked first and saw slurmctld start again; the
+    scheduler's watch, whose jobs wait for their settled tick, no longer vouches for what it
+    read before (its callers read the job again)."""
+    slurm = RestartingSlurm()
+    slurm.own(1, "RUNNING", "n1", "ours")
+    shared = SlurmctldStart(slurm)  # type: ignore[arg-type]
+    first = JobWatch(slurm, on_change=lambda _: None, slurmctld=shared)  # type: ignore[arg-type]
+    await shared.get(0.0)
+    first.track(1)
+    await first.read(1)
+    assert first.known(1)
+    slurm.start = 2000
+    await shared.get(0.0)  # what the other watch's look asked
+    assert not first.known(1)
+    await first.read(1)
+    assert first.known(1)
+
+
+async def test_an_error_answer_to_diag_is_no_restart() -> None:
+    slurm = RestartingSlurm()
+    start = SlurmctldStart(slurm)  # type: ignore[arg-type]
+    assert await start.get(0.0) == 1000
+
+    async def refused() -> dict[str, Any]:
+        raise errors.SlurmError("diag refused")
+
+    slurm.diag = refused  # type: ignore[method-assign]
+    assert await start.get(0.0) == 1000

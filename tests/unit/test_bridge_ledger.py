@@ -79,12 +79,12 @@ def test_replacements() -> None:
 
 def test_owed_cancels_and_confirming() -> None:
     ledger = Ledger()
-    ledger.owe_cancel(12)
-    ledger.owe_cancel(4)
-    ledger.owe_cancel(12)
-    assert ledger.owed() == [4, 12]
+    ledger.owe_cancel(12, {"ns/a": "u1"})
+    ledger.owe_cancel(4, {"ns/b": "u2"})
+    ledger.owe_cancel(12, {"ns/a": "u1"})
+    assert ledger.owed() == [(4, {"ns/b": "u2"}), (12, {"ns/a": "u1"})]
     ledger.paid(4)
-    assert ledger.owed() == [12]
+    assert ledger.owed() == [(12, {"ns/a": "u1"})]
     with ledger.confirming(8):
         assert ledger.is_confirming(8)
     assert not ledger.is_confirming(8)

@@ -826,7 +826,7 @@ async def test_a_cancel_that_fails_is_owed_and_retried_until_slurm_takes_it() ->
     pods.upsert(make_pod("p", "u1"))
     await sync.reconcile("ns/p")  # allocated, not marked, not cancelled: submitted instead
     (allocated, _submitted) = sorted(slurm.jobs)
-    assert slurm.cancelled == [] and sync.ledger.owed() == [allocated]
+    assert slurm.cancelled == [] and [j for j, _ in sync.ledger.owed()] == [allocated]
     slurm.refuse_cancel = False
     sync._cancel_tried = 0.0  # the retry interval passed
     await sync.reconcile("ns/p")
@@ -843,7 +843,7 @@ async def test_a_cancel_owed_from_before_a_restart_spares_the_job_that_took_its_
     pods.upsert(make_pod("p", "u1"))
     await sync.reconcile("ns/p")
     (allocated, _submitted) = sorted(slurm.jobs)
-    assert sync.ledger.owed() == [allocated]
+    assert [j for j, _ in sync.ledger.owed()] == [allocated]
     slurm.jobs[allocated] = {
         "job_id": allocated,
         "job_state": ["RUNNING"],
@@ -855,6 +855,34 @@ async def test_a_cancel_owed_from_before_a_restart_spares_the_job_that_took_its_
     sync._cancel_tried = 0.0  # the retry interval passed
     await sync.reconcile("ns/p")
     assert slurm.cancelled == [] and sync.ledger.owed() == []
+
+
+async def test_a_cancel_owed_is_never_sent_to_another_pods_placeholder_under_its_id() -> None:
+    """The owed id went, after a slurmctld restart from older state, to another pod's
+    placeholder job, marked by this very bridge: still not the job made for pod p, so it
+    is left running, and the ledger's record of the other pod's job is not dropped."""
+    sync, slurm, _kube, pods = setup()
+    idle(sync, "n1", "n2")
+    slurm.free_node = "n2"
+    slurm.refuse_update = slurm.refuse_cancel = True
+    pods.upsert(make_pod("p", "u1"))
+    await sync.reconcile("ns/p")
+    (allocated, _submitted) = sorted(slurm.jobs)
+    other = make_pod("q", "u2")
+    mark = placeholder.admin_comment([other], sync.config)
+    slurm.jobs[allocated] = {
+        "job_id": allocated,
+        "job_state": ["RUNNING"],
+        "nodes": "n2",
+        "admin_comment": mark,
+        "comment": mark,
+    }
+    sync.ledger.made(allocated, [("ns/q", "u2")])
+    slurm.refuse_cancel = False
+    sync._cancel_tried = 0.0
+    await sync.reconcile("ns/p")
+    assert slurm.cancelled == [] and sync.ledger.owed() == []
+    assert sync.ledger.job_made_for("u2") == allocated
 
 
 async def test_a_user_slurmctld_refuses_to_act_as_is_submitted_and_not_tried_again_soon() -> None:

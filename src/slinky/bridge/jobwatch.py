@@ -88,7 +88,7 @@ PASS_LOOKS = 2
 # often while jobs are tracked); after slurmctld returned its node list (a change, or a
 # restart), at most START_RECHECK_S.
 START_CHECK_S = 10.0
-START_RECHECK_S = 1.0
+START_RECHECK_S = 5.0  # a busy cluster returns its node list at every poll
 _UNREAD = -1  # `_read_under` of a job never read in full
 
 
@@ -325,7 +325,7 @@ class JobWatch(BackgroundLoop):
         self.reads += 1
         self._read_at[job_id] = time.monotonic()
         due_before = self._next.get(job_id)
-        under = self._start
+        under = self._latest_start()
         try:
             job: Job | None = await self.client.get_job(job_id)
         except errors.SlurmNotFound:
@@ -348,7 +348,7 @@ class JobWatch(BackgroundLoop):
         made now (not for a read on loan, which is as old as its lender's)."""
         self.track(job_id, fresh=True)
         self._read_at[job_id] = time.monotonic()
-        self._read_under[job_id] = self._start
+        self._read_under[job_id] = self._latest_start()
         self._record(job_id, job, lend=lend)
         if not job.is_pending:
             self._settle(job_id)
@@ -358,7 +358,12 @@ class JobWatch(BackgroundLoop):
         (as far as the looks know): one to act on; else the caller reads it."""
         if job_id not in self.jobs:
             return False
-        return self.slurmctld is None or self._read_under.get(job_id, _UNREAD) == self._start
+        return self._read_under.get(job_id, _UNREAD) == self._latest_start()
+
+    def _latest_start(self) -> int | None:
+        """slurmctld's start as last told to any reader of the process (the watches share
+        one `SlurmctldStart`: the other watch's look may have seen a restart first)."""
+        return self.slurmctld.value if self.slurmctld is not None else None
 
     def _settle(self, job_id: int) -> None:
         self._fast.pop(job_id, None)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
@@ -234,14 +235,20 @@ def job_is_for(job: Job, config: BridgeConfig, *, key: str, uid: str = "") -> bo
     return not uid or not recorded or recorded == uid
 
 
-def made_here(job: Job, config: BridgeConfig) -> bool:
-    """Whether `job` carries this bridge's mark, in admin_comment or (an allocation made as
-    the pod's user, not marked yet) in comment: a job this bridge made, whatever its pods."""
-    for field in ("admin_comment", "comment"):
-        comment = read_comment(str(job.raw.get(field) or ""))
-        if comment is not None:
-            return comment.made_by(config)
-    return False
+def marked_for(job: Job, config: BridgeConfig, pods: Mapping[str, str]) -> bool:
+    """Whether `job` carries this bridge's mark for one of `pods` (key -> UID), in
+    admin_comment or, an allocation made as the pod's user and not marked yet, in comment:
+    still the job made for them (its id may name another job since a slurmctld restart,
+    another pod's placeholder among them)."""
+    comment = read_comment(str(job.raw.get("admin_comment") or ""))
+    if comment is None and not job.raw.get("admin_comment"):
+        comment = read_comment(str(job.raw.get("comment") or ""))
+    if comment is None or not comment.made_by(config):
+        return False
+    return any(
+        key in comment.pods and (not uid or not comment.pods[key] or comment.pods[key] == uid)
+        for key, uid in pods.items()
+    )
 
 
 def names_another_pod(job: Job, *, key: str, uid: str) -> bool:

@@ -10,11 +10,14 @@ costs readers one extra read of what they hold, never a wrong answer.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 from slinky.slurm import errors
 from slinky.slurm.client import SlurmClient
 from slinky.slurm.models import number
+
+log = logging.getLogger(__name__)
 
 
 class SlurmctldStart:
@@ -27,6 +30,7 @@ class SlurmctldStart:
         self.asked_at = -float("inf")  # monotonic time the last answer was asked for
         self.requests = 0
         self._lock = asyncio.Lock()
+        self._told_unknown = False
 
     async def get(self, max_age: float) -> int | None:
         """slurmctld's start time as of at most `max_age` seconds ago; None when slurmrestd
@@ -41,7 +45,15 @@ class SlurmctldStart:
                 value = number((await self.client.diag()).get("req_time_start"))
             except errors.SlurmUnavailable:
                 raise
-            except errors.SlurmError:
-                value = None
+            except errors.SlurmError as e:
+                # An error answer says nothing of a restart: the last answer stands.
+                log.info("diag: %s; slurmctld's start taken as last told", e)
+                value = self.value
+            if value is None and not self._told_unknown:
+                self._told_unknown = True
+                log.warning(
+                    "slurmrestd's diag gives no req_time_start: a job id slurmctld gives "
+                    "again after a restart is noticed only once its state differs"
+                )
             self.value, self.asked_at = value, asked_at
             return value

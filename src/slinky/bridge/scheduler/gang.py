@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from slinky.bridge import groups, placeholder, podcontrol
@@ -309,7 +309,9 @@ class GangScheduler:
         if gone and not started(ours):
             # A pod left (or is leaving) between the allocation and the binding: all or
             # nothing, so none of the others is bound.
-            await self.abandon(group, job_id, f"pod {gone[0]} of {group.describe()} went away")
+            await self.abandon(
+                group, job_id, comment.pods, f"pod {gone[0]} of {group.describe()} went away"
+            )
             return DONE
         to_bind = [
             (p, allocated[i])
@@ -475,9 +477,9 @@ class GangScheduler:
         # Pending, or allocated with no pod bound yet (Slurm can allocate inside the
         # request, before the pods are even labelled): without this pod the group cannot
         # start whole, and no one else would ever cancel the job.
-        await self.abandon(group, job_id, f"pod {key} of {group.describe()} left")
+        await self.abandon(group, job_id, comment.pods, f"pod {key} of {group.describe()} left")
 
-    async def abandon(self, group: Group, job_id: int, why: str) -> None:
+    async def abandon(self, group: Group, job_id: int, pods: Mapping[str, str], why: str) -> None:
         """The group's job cannot run whole: the waiting pods lose its label (the workload
         controller deletes the pods of an ended job, and these are not done: they wait for
         a whole group again), then the job is cancelled and the pods are looked at again."""
@@ -485,7 +487,7 @@ class GangScheduler:
         # Owed from now on: once the labels are gone no pod leads back to the job, so a
         # cancel that fails is retried from the scheduler's own list.
         ledger = self.sync.ledger
-        ledger.owe_cancel(job_id)
+        ledger.owe_cancel(job_id, pods)
         ledger.drop_job(job_id)  # its pods wait for a whole group again, not on it
         for p in others:
             uid = str(p["metadata"]["uid"])

@@ -25,7 +25,7 @@ this pod) is never decided from here: only the job's admin_comment says that.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 # A job submitted whose pod never waited on it (gone meanwhile) stops counting as pending.
@@ -41,7 +41,9 @@ class Ledger:
         self._waits_on: dict[str, int] = {}
         self._submitted: dict[int, tuple[str, float]] = {}  # job -> partition, when
         self._replacements: dict[str, int] = {}
-        self._owed: set[int] = set()
+        # Job id -> the pods (key -> UID) it was made for, by its mark: a cancel owed is
+        # sent only to a job still marked for those very pods.
+        self._owed: dict[int, dict[str, str]] = {}
         self._confirming: set[int] = set()
 
     # ------------------------------------------------------------ made, not labelled yet
@@ -175,15 +177,16 @@ class Ledger:
 
     # ------------------------------------------------------------ owed cancels
 
-    def owe_cancel(self, job_id: int) -> None:
-        self._owed.add(job_id)
+    def owe_cancel(self, job_id: int, pods: Mapping[str, str]) -> None:
+        """`job_id`, made for `pods` (key -> UID, as its mark names them), is owed a cancel."""
+        self._owed[job_id] = dict(pods)
 
-    def owed(self) -> list[int]:
-        """Jobs owed a cancel, oldest id first."""
-        return sorted(self._owed)
+    def owed(self) -> list[tuple[int, dict[str, str]]]:
+        """Jobs owed a cancel and the pods each was made for, oldest id first."""
+        return sorted(self._owed.items())
 
     def paid(self, job_id: int) -> None:
-        self._owed.discard(job_id)
+        self._owed.pop(job_id, None)
 
     @contextmanager
     def confirming(self, job_id: int) -> Iterator[None]:

@@ -39,7 +39,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 from slinky.bridge import constraints, groups, placeholder, podcontrol
 from slinky.bridge.config import BridgeConfig
@@ -370,7 +370,8 @@ class SchedulerSync:
             ):
                 # An allocation whose answer was lost before it was marked as ours: its pod
                 # gets another job; this one ran nothing.
-                await self.cancel_later(job.job_id)
+                mark = placeholder.read_comment(str(job.raw.get("comment") or ""))
+                await self.cancel_later(job.job_id, mark.pods if mark is not None else {})
                 continue
             comment = placeholder.read_comment(str(job.raw.get("admin_comment") or ""))
             if comment is None:
@@ -600,6 +601,8 @@ class SchedulerSync:
         user may not set admin_comment, which alone the bridge trusts): the bridge writes
         admin_comment as administrator now. False: not written, the job is cancelled (now,
         or later: `cancel_pending_cancels`) and the pod submitted instead."""
+        mark = placeholder.read_comment(str(desc["admin_comment"]))
+        pods = mark.pods if mark is not None else {}
         try:
             with self.ledger.confirming(job_id):
                 await self.slurm.client.update_job(job_id, {"admin_comment": desc["admin_comment"]})
@@ -607,14 +610,16 @@ class SchedulerSync:
         except errors.SlurmError as e:
             log.info("job %d: allocated but not marked as ours (%s); cancelling it", job_id, e)
         except BaseException:
-            self.ledger.owe_cancel(job_id)  # interrupted: whether it was marked is not known
+            # Interrupted: whether it was marked is not known.
+            self.ledger.owe_cancel(job_id, pods)
             raise
-        await self.cancel_later(job_id)
+        await self.cancel_later(job_id, pods)
         return False
 
-    async def cancel_later(self, job_id: int) -> None:
-        """Cancel `job_id` now, or keep retrying (see `cancel_pending_cancels`)."""
-        self.ledger.owe_cancel(job_id)
+    async def cancel_later(self, job_id: int, pods: Mapping[str, str]) -> None:
+        """Cancel `job_id`, made for `pods`, now, or keep retrying (see
+        `cancel_pending_cancels`)."""
+        self.ledger.owe_cancel(job_id, pods)
         await self.cancel_pending_cancels()
 
     async def cancel_pending_cancels(self) -> None:
@@ -623,19 +628,29 @@ class SchedulerSync:
         dies with some left leaves an allocation never marked as ours to the workload
         controller (`workload.sync.unconfirmed`)."""
         self._cancel_tried = time.monotonic()
-        for job_id in self.ledger.owed():
+        for job_id, pods in self.ledger.owed():
             try:
-                # Owed from before a slurmctld restart, the id may name another's job now:
-                # cancelled only while it is still one this bridge made.
+                # Owed from before a slurmctld restart, the id may name another job now,
+                # another pod's placeholder too: cancelled only while it is still marked
+                # for the pods it was made for.
                 job = await self.slurm.client.get_job(job_id)
-                if not job.is_finished and placeholder.made_here(job, self.config):
-                    await self.slurm.client.cancel_job(job_id)
-                elif not job.is_finished:
-                    log.warning("job %d: owed a cancel, but it is not a job of ours now", job_id)
             except errors.SlurmNotFound:
-                pass
+                job = None
             except errors.SlurmError:
                 return
+            if job is not None and not job.is_finished:
+                if not placeholder.marked_for(job, self.config, pods):
+                    log.warning(
+                        "job %d: owed a cancel, not sent: it is not the job made for %s now",
+                        job_id,
+                        sorted(pods),
+                    )
+                    self.ledger.paid(job_id)  # the live job under that id is not ours to touch
+                    continue
+                try:
+                    await self.slurm.client.cancel_job(job_id)
+                except errors.SlurmError:
+                    return
             self.ledger.paid(job_id)
             self.ledger.drop_job(job_id)
             self.watch.untrack(job_id)
