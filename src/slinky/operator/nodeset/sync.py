@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import time
 from collections.abc import Mapping
 
@@ -89,6 +90,8 @@ def hpa_target(hpa: JSON) -> list[str]:
 
 
 REGISTERING_RECHECK_S = 10.0
+# A Service (or PDB) of the NodeSet's name that someone else made is asked for again so often.
+FOREIGN_RECHECK_S = 300.0
 GONE_REASON = f"{builder.REASON_PREFIX}its pod is gone"  # a node set DOWN by forget_departed
 CREATES_IN_FLIGHT = 64  # a batch of 2,048 at once only makes a loaded apiserver time out
 
@@ -186,6 +189,10 @@ class NodeSetSync:
         # NodeSet UIDs some pod of which registered in Slurm (this process saw it), and the
         # backoff of replacing pods that lost their registration.
         self.registered_once: set[str] = set()
+        # ns/name -> when a child the operator would create was found made by someone else
+        # (the slurm chart's one slurmd Service for every NodeSet): not asked again sooner
+        # than FOREIGN_RECHECK_S (the informer sees only the operator's own).
+        self.foreign: dict[str, float] = {}
         self.replacing: dict[str, tuple[Backoff, float]] = {}
         self.rescuing: dict[str, tuple[Backoff, float]] = {}
         self.ctx = Context(
@@ -330,12 +337,33 @@ class NodeSetSync:
         if view.conf_problem is None:
             children.append((self.revisions, rest.CONTROLLER_REVISIONS, revision))
         for informer, res, want in children:
-            have = informer.get(f"{ns}/{want['metadata']['name']}")
+            key = f"{ns}/{want['metadata']['name']}"
+            have = informer.get(key)
             if have is not None and have["metadata"].get("deletionTimestamp") is None:
+                continue
+            if time.monotonic() - self.foreign.get(f"{res.kind}/{key}", -math.inf) < (
+                FOREIGN_RECHECK_S
+            ):
                 continue
             if await self.ctx.podcontrol.create_if_absent(res, want):
                 log.info("nodeset %s: created %s %s", view.key, res.kind, want["metadata"]["name"])
+                self.foreign.pop(f"{res.kind}/{key}", None)
+            elif have is None and await self.made_by_another(res, want):
+                self.foreign[f"{res.kind}/{key}"] = time.monotonic()
         await self.prune_revisions(view, uid)
+
+    async def made_by_another(self, res: rest.Resource, want: JSON) -> bool:
+        """Whether the object `want` names exists and is not the operator's (one read, after
+        a create found it there while the informer did not show it)."""
+        meta = want["metadata"]
+        try:
+            have = await self.ctx.kube.get(res, meta["name"], meta.get("namespace"))
+        except rest.ApiError as e:
+            if e.not_found:
+                return False
+            raise
+        labels = have["metadata"].get("labels") or {}
+        return labels.get(builder.LABEL_MANAGED_BY) != builder.MANAGER
 
     async def prune_revisions(self, view: View, uid: str) -> None:
         """Keep `revisionHistoryLimit` old ControllerRevisions besides those in use."""
