@@ -17,7 +17,7 @@ from slinky.api.v1alpha1.nodeset import NodeSetSpec
 from slinky.operator import upgradecheck
 from slinky.operator.nodeset import builder
 from slinky.slurm.models import Job
-from tests.unit.test_helm_charts import HELM, helm, kinds, load_all, one, render_values
+from tests.unit.test_helm_charts import CHARTS, HELM, helm, kinds, load_all, one, render_values
 
 JSON = dict[str, Any]
 REPO = Path(__file__).resolve().parents[2]
@@ -105,6 +105,8 @@ def test_slurmctld_with_accounting_starts_only_after_slurmdbd_answers(tmp_path: 
     assert inits.index("wait-for-slurmdbd") == inits.index("config") + 1, inits
     wait = next(c for c in spec["initContainers"] if c["name"] == "wait-for-slurmdbd")
     assert wait["args"] == ["wait-for-slurmdbd"]
+    mounts = {m["mountPath"]: m for m in wait["volumeMounts"]}
+    assert mounts["/var/spool/slurmctld"]["readOnly"] is True  # saved associations: no wait
     assert "command" not in wait  # the image's entrypoint (tini, slurm-entrypoint)
     assert {"name": "etc-slurm", "mountPath": "/etc/slurm"} in wait["volumeMounts"]
 
@@ -118,6 +120,8 @@ def test_slurmctld_without_accounting_waits_for_nothing(tmp_path: Path) -> None:
 def _entrypoint(tmp_path: Path, conf: str, answers: list[str]) -> subprocess.CompletedProcess[str]:
     """`slurm-entrypoint wait-for-slurmdbd` with a fake sacctmgr giving `answers` in turn
     ("<exit code> <output>"), the last one for good."""
+    if "StateSaveLocation" not in conf:  # never the host's own
+        conf += f"StateSaveLocation={tmp_path / 'state'}\n"
     (tmp_path / "slurm.conf").write_text(conf)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -172,6 +176,22 @@ def test_the_entrypoint_waits_until_slurmdbd_answers_up_logging_each_try(tmp_pat
     assert "slurmctld starts with accounting only once it does" in waiting[0]
     assert lines[-1] == "slurm-entrypoint: slurmdbd dbd.slurm.svc.cluster.local:6819 answers"
     assert (tmp_path / "count").read_text().strip() == "3"
+
+
+def test_a_slurmctld_with_saved_associations_starts_while_slurmdbd_is_down(
+    tmp_path: Path,
+) -> None:
+    """Only a first start with accounting waits: a restart (a config change, an eviction)
+    during a slurmdbd or database outage runs from the saved associations, as Slurm means
+    it to, instead of leaving the cluster without a controller."""
+    state = tmp_path / "saved"
+    state.mkdir()
+    (state / "assoc_mgr_state").write_bytes(b"saved")
+    conf = ACCOUNTING_CONF + f"StateSaveLocation={state}\n"
+    got = _entrypoint(tmp_path, conf, ["0 slurmdbd(primary) at dbd is DOWN"])
+    assert got.returncode == 0, got.stderr
+    assert "associations saved" in got.stderr
+    assert not (tmp_path / "count").exists()  # sacctmgr never asked
 
 
 def test_the_entrypoint_runs_sackd_for_sacctmgr_while_it_waits_with_auth_slurm(
@@ -338,3 +358,13 @@ def test_no_answer_from_slurm_is_not_no_jobs() -> None:
     v = upgradecheck.verdict(changes, None, "slurmrestd http://x unreachable")
     assert not v.ok
     assert "could not say whether jobs run (slurmrestd http://x unreachable)" in v.message
+
+
+@pytest.mark.parametrize("dropped", ["upgradeCheck", "sssd.minId", "sssd.caCert"])
+def test_values_of_an_earlier_chart_are_refused_saying_how_to_upgrade(dropped: str) -> None:
+    """`helm upgrade --reuse-values` from an earlier chart keeps its values without this
+    version's new ones: a clear refusal naming the way on, not a nil-pointer error."""
+    out = helm("template", "slurm", str(CHARTS / "slurm"), "--set", f"{dropped}=null", check=False)
+    assert out.returncode != 0
+    assert "--reset-then-reuse-values" in out.stderr, out.stderr
+    assert "nil pointer" not in out.stderr

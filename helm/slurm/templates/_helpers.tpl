@@ -452,3 +452,11 @@ Subsystem sftp /usr/lib/openssh/sftp-server
 {{ . }}
 {{- end }}
 {{- end }}
+
+{{- /* Values of an earlier version of this chart (`helm upgrade --reuse-values` keeps them and
+leaves out this version's new defaults): refused with what to do, not a nil-pointer error. */ -}}
+{{- define "slurm.checkValues" -}}
+{{- if or (not (hasKey .Values "upgradeCheck")) (not (hasKey .Values.sssd "minId")) (not (hasKey .Values.sssd "caCert")) }}
+{{- fail "these values come from an earlier version of the slurm chart (helm upgrade --reuse-values?) and lack this version's settings (upgradeCheck, sssd.minId, sssd.caCert): upgrade with -f <your values file>, or with --reset-then-reuse-values, so that this version's defaults apply" }}
+{{- end }}
+{{- end }}
