@@ -5,20 +5,25 @@ the same bytes, makes no key and restarts no daemon: the job ends COMPLETED, nev
 The keys are made at run time by the keys hook (python -m slinky.operator.keys): slurm.key,
 the JWT key, the chart's MariaDB password and sshd's host key (ssh-keygen in the Slurm image).
 
-Shares test_helm's `install` fixture (namespaces, slurmctld's PV, the session operator
-stopped meanwhile); the operator is installed from its chart as there."""
+Uses test_helm's `install` fixture (namespaces, slurmctld's PV, the session operator stopped
+meanwhile; function-scoped: an installation of its own, not test_helm's); the operator is
+installed from its chart as there. Taken down as a person would (no Helm release, no cleanup
+hook): the NodeSets first, waited for while slurmctld still answers their drain, then the rest
+of the render; NodeSets still there after 120 s fail the test with what they say and only then
+get delete-without-drain. A failure of the test itself stays the one reported."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 import pytest
 import yaml
 
 from slinky.kube import rest
+from slinky.operator.nodeset.partition import ANNOTATION_SKIP_DRAIN
 from slinky.operator.resources import CLUSTERS, NODESETS
 from slinky_testbed.waiting import wait_for
 from tests.e2e.operator_fixtures import condition
@@ -134,7 +139,7 @@ async def daemons(i: Install) -> dict[str, tuple[str, str, int]]:
 
 
 async def test_two_argo_cd_syncs_make_keys_once_and_restart_nothing(install: Install) -> None:
-    i, kube = install, install.kube
+    i = install
     t0 = time.monotonic()
     await i.helm(
         "install", i.operator_release, str(CHARTS / "slurm-operator"), "-n", i.operator_ns,
@@ -144,89 +149,139 @@ async def test_two_argo_cd_syncs_make_keys_once_and_restart_nothing(install: Ins
         "--wait", "--timeout", "4m",
     )  # fmt: skip
     db_pv = f"{i.storage_class}-db"
-    await hostpath_pv(kube, db_pv, i.work / "mariadb", "ReadWriteOnce", "1Gi")
-    path = i.values_file("slurm", values(i))
+    await hostpath_pv(i.kube, db_pv, i.work / "mariadb", "ReadWriteOnce", "1Gi")
     try:
-        first = await render(i, path)
-        assert "slurm.key:" not in first and "jwt_hs256.key:" not in first
-        logs = await sync(i, first, 1)
-        made = [
-            f"made Secret {i.slurm_ns}/{i.slurm_release}-{name}"
-            for name in ("slurm-key", "jwt-key", "mariadb", "ssh-host-keys")
-        ]
-        assert all(m in logs[0] for m in made), logs
-        i.timings["first sync (keys made) to applied"] = time.monotonic() - t0
+        await two_syncs(i, t0)
+    except BaseException as e:
+        # The test's own failure is the one reported; what the teardown met is added to it.
+        for problem in await teardown(i, db_pv):
+            e.add_note(f"teardown: {problem}")
+        raise
+    problems = await teardown(i, db_pv)
+    assert not problems, "teardown: " + "\n".join(problems)
+    i.timings["gitops test with teardown"] = time.monotonic() - t0
 
-        async def cluster_ready() -> bool:
-            got = await kube.get(CLUSTERS, i.slurm_release, i.slurm_ns)
-            return condition(got).get("reason") == "Connected"
 
-        await wait_for(cluster_ready, timeout=180, interval=0.5, what="Cluster Connected")
-        await idle_nodes(i, "batch", 1)
-        for component in DAEMONS:
-            selector = (
-                f"app.kubernetes.io/instance={i.slurm_release},"
-                f"app.kubernetes.io/component={component}"
-            )
+async def two_syncs(i: Install, t0: float) -> None:
+    kube = i.kube
+    path = i.values_file("slurm", values(i))
+    first = await render(i, path)
+    assert "slurm.key:" not in first and "jwt_hs256.key:" not in first
+    logs = await sync(i, first, 1)
+    made = [
+        f"made Secret {i.slurm_ns}/{i.slurm_release}-{name}"
+        for name in ("slurm-key", "jwt-key", "mariadb", "ssh-host-keys")
+    ]
+    assert all(m in logs[0] for m in made), logs
+    i.timings["first sync (keys made) to applied"] = time.monotonic() - t0
 
-            async def ready(selector: str = selector) -> bool:
-                pods = await i.pods(i.slurm_ns, selector)
-                return bool(pods) and all(condition(p).get("status") == "True" for p in pods)
+    async def cluster_ready() -> bool:
+        got = await kube.get(CLUSTERS, i.slurm_release, i.slurm_ns)
+        return condition(got).get("reason") == "Connected"
 
-            await wait_for(ready, timeout=180, interval=1, what=f"{component} Ready")
-        job = await submit(i, "batch", 40)
-        await running(i, job)
-        before = await daemons(i)
-        keys = {
-            name: await i.secret_data(i.slurm_ns, f"{i.slurm_release}-{name}")
-            for name in ("slurm-key", "jwt-key", "mariadb", "ssh-host-keys")
-        }
-        assert len(keys["slurm-key"]["slurm.key"]) > 1300  # 1024 bytes, base64
-
-        # ------------------------------------------------ the second sync, the job running
-        start = time.monotonic()
-        second = await render(i, path)
-        assert second == first, "two renders differ"
-        logs = await sync(i, second, 2)
-        assert all(m.replace("made", "kept") in logs[0] for m in made), logs
-        i.timings["second sync"] = time.monotonic() - start
-        await completed(i, job, timeout=120)
-        for name, data in keys.items():
-            assert await i.secret_data(i.slurm_ns, f"{i.slurm_release}-{name}") == data, name
-        after = await daemons(i)
-        assert after == before, f"daemon pods restarted or replaced: {before} -> {after}"
-        assert sorted(c for c, _, _ in before.values()) == [
-            "accounting", "controller", "login", "mariadb", "restapi", "slurmd",
-        ], before  # fmt: skip
-        i.timings["gitops test"] = time.monotonic() - t0
-    finally:
-        # Not a Helm release: its NodeSets go first (drained by the operator, still here),
-        # then the rest of the render.
-        for ns in (await kube.list(NODESETS, i.slurm_ns))["items"]:
-            with contextlib.suppress(rest.ApiError):
-                await kube.delete(NODESETS, ns["metadata"]["name"], i.slurm_ns)
-
-        async def nodesets_gone() -> bool:
-            return not (await kube.list(NODESETS, i.slurm_ns))["items"]
-
-        with contextlib.suppress(AssertionError):
-            await wait_for(nodesets_gone, timeout=120, interval=1, what="NodeSets gone")
-        rendered = i.work / "render-1.yaml"
-        if rendered.exists():
-            i.testbed.kubectl(
-                [
-                    "-n",
-                    i.slurm_ns,
-                    "delete",
-                    "-f",
-                    str(rendered),
-                    "--ignore-not-found",
-                    "--wait=true",
-                ],
-                timeout=180,
-            )
-        i.testbed.kubectl(
-            ["-n", i.slurm_ns, "delete", "pvc", "--all", "--ignore-not-found"], timeout=60
+    await wait_for(cluster_ready, timeout=180, interval=0.5, what="Cluster Connected")
+    await idle_nodes(i, "batch", 1)
+    for component in DAEMONS:
+        selector = (
+            f"app.kubernetes.io/instance={i.slurm_release},app.kubernetes.io/component={component}"
         )
-        with contextlib.suppress(rest.ApiError):
-            await kube.delete(PVS, db_pv)
+
+        async def ready(selector: str = selector) -> bool:
+            pods = await i.pods(i.slurm_ns, selector)
+            return bool(pods) and all(condition(p).get("status") == "True" for p in pods)
+
+        await wait_for(ready, timeout=180, interval=1, what=f"{component} Ready")
+    job = await submit(i, "batch", 40)
+    await running(i, job)
+    before = await daemons(i)
+    keys = {
+        name: await i.secret_data(i.slurm_ns, f"{i.slurm_release}-{name}")
+        for name in ("slurm-key", "jwt-key", "mariadb", "ssh-host-keys")
+    }
+    assert len(keys["slurm-key"]["slurm.key"]) > 1300  # 1024 bytes, base64
+
+    # ------------------------------------------------ the second sync, the job running
+    start = time.monotonic()
+    second = await render(i, path)
+    assert second == first, "two renders differ"
+    logs = await sync(i, second, 2)
+    assert all(m.replace("made", "kept") in logs[0] for m in made), logs
+    i.timings["second sync"] = time.monotonic() - start
+    await completed(i, job, timeout=120)
+    for name, data in keys.items():
+        assert await i.secret_data(i.slurm_ns, f"{i.slurm_release}-{name}") == data, name
+    after = await daemons(i)
+    assert after == before, f"daemon pods restarted or replaced: {before} -> {after}"
+    assert sorted(c for c, _, _ in before.values()) == [
+        "accounting", "compute", "controller", "login", "mariadb", "restapi",
+    ], before  # fmt: skip
+    i.timings["gitops test"] = time.monotonic() - t0
+
+
+NODESETS_GONE_S = 120  # drained (their pods idle), each pod's grace period
+
+
+async def teardown(i: Install, db_pv: str) -> list[str]:
+    """Takes the render down as a person would (it is no Helm release, no cleanup hook runs):
+    the NodeSets first, waited for while slurmctld still runs to answer their drain; then the
+    rest of the render. Returns what went wrong, never raises: NodeSets that did not go in
+    time are named with what they say, then annotated delete-without-drain (the last resort,
+    or their finalizer would wait for a slurmctld deleted next and hold the namespace)."""
+    kube, problems = i.kube, []
+
+    async def left() -> list[JSON]:
+        return list((await kube.list(NODESETS, i.slurm_ns))["items"])
+
+    async def gone() -> bool:
+        return not await left()
+
+    try:
+        for ns in await left():
+            await absent_ok(kube.delete(NODESETS, ns["metadata"]["name"], i.slurm_ns))
+        try:
+            await wait_for(gone, timeout=NODESETS_GONE_S, interval=1, what="NodeSets gone")
+        except AssertionError:
+            stuck = await left()
+            problems.append(
+                f"NodeSets not gone {NODESETS_GONE_S}s after their deletion (slurmctld still "
+                f"deployed): {said(stuck)}; then annotated {ANNOTATION_SKIP_DRAIN}=true"
+            )
+            for ns in stuck:
+                patch = {"metadata": {"annotations": {ANNOTATION_SKIP_DRAIN: "true"}}}
+                await absent_ok(kube.patch(NODESETS, ns["metadata"]["name"], patch, i.slurm_ns))
+            await wait_for(gone, timeout=60, interval=1, what="NodeSets gone without drain")
+    except Exception as e:  # reported; the rest is still taken down
+        problems.append(f"deleting the NodeSets: {e}")
+    rendered = i.work / "render-1.yaml"
+    if rendered.exists():
+        argv = ["-n", i.slurm_ns, "delete", "-f", str(rendered), "--ignore-not-found"]
+        out = i.testbed.kubectl([*argv, "--wait=true", "--timeout=120s"], timeout=150)
+        if out.returncode != 0:
+            problems.append(f"kubectl delete of the render: {out.stderr.strip()}")
+    i.testbed.kubectl(["-n", i.slurm_ns, "delete", "pvc", "--all", "--ignore-not-found"])
+    try:
+        await absent_ok(kube.delete(PVS, db_pv))
+    except rest.ApiError as e:
+        problems.append(f"deleting PersistentVolume {db_pv}: {e}")
+    return problems
+
+
+async def absent_ok(call: Awaitable[Any]) -> None:
+    """A call on an object that may be gone already (404 is fine)."""
+    try:
+        await call
+    except rest.ApiError as e:
+        if not e.not_found:
+            raise
+
+
+def said(nodesets: list[JSON]) -> str:
+    """Each NodeSet by name with its conditions (Deleting names what it waits for)."""
+    return "; ".join(
+        f"{ns['metadata']['name']}: "
+        + ", ".join(
+            f"{c['type']}={c['status']} {c.get('reason', '')}: {c.get('message', '')}"
+            for c in (ns.get("status") or {}).get("conditions") or []
+        )
+        for ns in nodesets
+    )
