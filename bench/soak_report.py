@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -140,6 +140,32 @@ def overlaps(soak: Soak, start: float, end: float, nodes: Collection[str] = ()) 
     return out
 
 
+# slurmctld's own requeue of a job (a launch or a node it could not reach), as it logs it.
+SLURM_REQUEUE = re.compile(r"requeue JobId=\d+ per user/system request|launch fail|NODE_FAIL")
+# The operator's and the bridge's pod deletions, as they log them.
+DELETED_POD = re.compile(r"^(\S+ \S+) .*deleted pod (?:[^/\s]+/)?([^/\s]+)")
+
+
+def pods_deleted_by_us(soak: Soak, names: set[str], start: float, end: float) -> list[str]:
+    """The operator's log lines saying it deleted one of the pods `names` in [start, end]."""
+    path = soak.bed.logs / "operator.log"
+    if not names or not path.exists():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        m = DELETED_POD.match(line)
+        if m is None or m.group(2) not in names:
+            continue
+        try:
+            at = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f")
+        except ValueError:
+            out.append(line)  # cannot tell when: counts against the job
+            continue
+        if start - 5 <= at.replace(tzinfo=UTC).timestamp() <= end + 5:
+            out.append(line)
+    return out
+
+
 def judge_job(soak: Soak, job: TrackedJob, slurm_log: dict[int, list[str]]) -> Verdict:
     key = f"{job.job_id} ({job.name}, {job.partition}, {job.nodes or '?'} nodes, {job.seconds}s)"
     end = job.ended_at or job.vanished_at or time.time()
@@ -211,6 +237,24 @@ def judge_job(soak: Soak, job: TrackedJob, slurm_log: dict[int, list[str]]) -> V
                 f"{job.first_end} (restarts {job.restart_cnt}): it ran on {on}, a slurmd pod of "
                 f"{fault.node}, which the soak lost (kill -9 of the machine) at "
                 f"{soak.rel(fault.since)}",
+                evidence,
+            )
+    for fault in soak.node_cuts:
+        if not fault.hit(job.nodes_seen, ran_from, end + 1):
+            continue
+        lines = slurm_log.get(job.job_id, [])
+        slurm_did = [ln for ln in lines if SLURM_REQUEUE.search(ln)]
+        deleted = pods_deleted_by_us(soak, job.nodes_seen & set(fault.slurm_nodes), ran_from, end)
+        if slurm_did and not deleted:
+            on = ", ".join(sorted(job.nodes_seen & set(fault.slurm_nodes)))
+            return Verdict(
+                key,
+                SLURM,
+                f"{job.first_end} (restarts {job.restart_cnt}): it was given {on}, a slurmd "
+                f"pod of {fault.node}, which the soak cut off from slurmctld at "
+                f"{soak.rel(fault.since)}; slurmctld could not reach it and requeued the job "
+                f"itself ({slurm_did[0].split('] ', 1)[-1]}); no pod of its nodes was deleted "
+                "by the operator or the bridge meanwhile",
                 evidence,
             )
     # Its first completion: seen by the soak, or (a completion the soak's 3 s polls missed,

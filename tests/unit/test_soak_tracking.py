@@ -191,3 +191,42 @@ def test_a_job_launched_twice_across_a_slurmctld_kill_and_held_is_slurms(
     verdict = judge_job(s, job, log)
     assert verdict.verdict == SLURM, verdict
     assert "second launch" in verdict.why
+
+
+def test_a_job_slurmctld_requeued_when_its_node_was_cut_off_is_slurms_unless_we_deleted_a_pod(
+    tmp_path: Path,
+) -> None:
+    """The soak (seed 5): job 216 was given batch-2 a second after its node was cut off;
+    slurmctld could not launch it there and requeued it itself. That is Slurm's handling of a
+    partition, unless the operator deleted a pod of the job's nodes meanwhile."""
+    from types import SimpleNamespace
+
+    from bench.soak_report import KILLED, SLURM, judge_job
+    from bench.soak_state import NodeFault
+
+    s = soak(tmp_path)
+    s.bed = cast(Any, SimpleNamespace(logs=tmp_path))
+    allocated = datetime(2026, 12, 7, 3, 52, 13).timestamp()
+    job = TrackedJob(216, "soak-b95", "batch", 2, 60, allocated - 170)
+    job.running_since = allocated
+    job.nodes_seen = {"batch-2", "batch-0"}
+    job.states = [(allocated, "RUNNING"), (allocated + 130, "COMPLETED")]
+    job.first_end, job.ended_at = "COMPLETED", allocated + 130
+    job.restart_cnt = 1
+    job.last = listed(216, "soak-b95", "COMPLETED")
+    log = {
+        216: [
+            "[2026-12-07T03:52:13.002] sched: Allocate JobId=216 NodeList=batch-[2,0] #CPUs=2",
+            "[2026-12-07T03:52:23.281] _job_complete: requeue JobId=216 per user/system request",
+        ]
+    }
+    assert judge_job(s, job, log).verdict == KILLED  # no fault to explain it
+    s.node_cuts.append(NodeFault(allocated - 5, "node-1", ["batch-1", "batch-2"], allocated + 55))
+    verdict = judge_job(s, job, log)
+    assert verdict.verdict == SLURM, verdict
+    assert "cut off" in verdict.why
+    (tmp_path / "operator.log").write_text(
+        "2026-12-07 03:52:15,100 INFO slinky.operator.nodeset.podcontrol: "
+        "deleted pod slurm/batch-2 (uid 1)\n"
+    )
+    assert judge_job(s, job, log).verdict == KILLED  # a pod of its nodes deleted by us

@@ -91,6 +91,8 @@ class PodControl:
             # Left expected, the NodeSet waited 5 minutes for the expectation to expire.
             self.expectations.deletion_observed(exp_key, meta["uid"])
             raise
+        # Every pod deletion of the operator, in one line (the chaos soak reads them).
+        log.info("deleted pod %s/%s (uid %s)", meta["namespace"], meta["name"], meta["uid"])
         return True
 
     async def patch_metadata(
