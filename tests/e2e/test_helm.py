@@ -386,18 +386,26 @@ async def completed(install: Install, job_id: int, timeout: float = 120) -> dict
 
 
 async def idle_nodes(install: Install, partition: str, count: int, timeout: float = 180) -> None:
+    """Waits for `count` idle nodes; a timeout names each node's state and reason."""
+    seen = ""
+
     async def idle() -> bool:
-        out = install.ctld("sinfo", "-h", "-p", partition, "-N", "-o", "%N %t")
+        nonlocal seen
+        out = install.ctld("sinfo", "-h", "-p", partition, "-N", "-o", "%N %t %E")
+        seen = out.strip() or "no node"
         states = [line.split()[1] for line in out.splitlines() if line.strip()]
         return len(states) == count and all(s == "idle" for s in states)
 
-    await wait_for(
-        idle,
-        timeout=timeout,
-        interval=1,
-        what=f"{count} idle node(s) in {partition}",
-        ignore=(AssertionError,),
-    )
+    try:
+        await wait_for(
+            idle,
+            timeout=timeout,
+            interval=1,
+            what=f"{count} idle node(s) in {partition}",
+            ignore=(AssertionError,),
+        )
+    except AssertionError as e:
+        raise AssertionError(f"{e}; sinfo: {seen}") from None
 
 
 async def nothing_left(install: Install, namespace: str, release: str) -> None:
