@@ -186,12 +186,36 @@ def test_a_slurmctld_with_saved_associations_starts_while_slurmdbd_is_down(
     it to, instead of leaving the cluster without a controller."""
     state = tmp_path / "saved"
     state.mkdir()
+    # The marker slurmctld's first start with accounting left, then the state it saved.
+    (state / "slinky-slurmdbd-accounting").touch()
+    os.utime(state / "slinky-slurmdbd-accounting", (1_000_000, 1_000_000))
     (state / "assoc_mgr_state").write_bytes(b"saved")
     conf = ACCOUNTING_CONF + f"StateSaveLocation={state}\n"
     got = _entrypoint(tmp_path, conf, ["0 slurmdbd(primary) at dbd is DOWN"])
     assert got.returncode == 0, got.stderr
     assert "associations saved" in got.stderr
     assert not (tmp_path / "count").exists()  # sacctmgr never asked
+
+
+@pytest.mark.parametrize("marker_age", ["none", "newer"])
+def test_associations_saved_without_accounting_do_not_skip_the_wait(
+    tmp_path: Path, marker_age: str
+) -> None:
+    """slurmctld without accounting saves an assoc_mgr_state too, holding no association:
+    the start that turns accounting on (no marker yet), or one before slurmctld saved since
+    its first start with it (the marker is newer), waits for slurmdbd (the crash case)."""
+    state = tmp_path / "saved"
+    state.mkdir()
+    (state / "assoc_mgr_state").write_bytes(b"no association")
+    os.utime(state / "assoc_mgr_state", (1_000_000, 1_000_000))
+    if marker_age == "newer":
+        (state / "slinky-slurmdbd-accounting").touch()
+    conf = ACCOUNTING_CONF + f"StateSaveLocation={state}\n"
+    got = _entrypoint(tmp_path, conf, ["0 slurmdbd(primary) at dbd is UP"])
+    assert got.returncode == 0, got.stderr
+    assert "associations saved" not in got.stderr
+    assert got.stderr.splitlines()[-1].endswith("answers"), got.stderr
+    assert (tmp_path / "count").read_text().strip() == "1"
 
 
 def test_the_entrypoint_runs_sackd_for_sacctmgr_while_it_waits_with_auth_slurm(
