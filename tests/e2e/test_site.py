@@ -2,16 +2,23 @@
 accounting (slurmdbd on the chart's MariaDB, enforced), login pods with sshd, users from the
 values (nss extrausers) and from a real OpenLDAP (SSSD sidecars), shared homes on a claim,
 SSH to compute pods with pam_slurm_adopt, and the bridge. One installation serves every check
-(the warm `make test` budget): users log in with SSH keys and run batch jobs and a 2-node
-srun as their own uid; sacct shows them and a bridge pod's placeholder job; a user without
-an association is refused; SSH to a compute pod works only with a job there and lands in its
-cgroup; the database away for a minute (slurmdbd waiting for it: a late database) loses no
-record and needs no human; host keys survive a login pod's restart and an upgrade."""
+(the warm `make test` budget). It starts without accounting and with a job running: an upgrade
+changing ProctrackType/TaskPlugin is refused by the pre-upgrade check (nothing restarts); the
+upgrade turning accounting on (a database password with # ' \\ and a blank, from a Secret)
+and adding a NodeSet keeps the job and the first NodeSets' pods (slurmctld waits for slurmdbd,
+never crashes; the new NodeSet's pods resolve the old ones' names through the release's one
+slurmd Service). Then users log in with SSH keys and run batch jobs and a 2-node srun as their
+own uid; sacct shows them and a bridge pod's placeholder job; a user without an association
+is refused; SSH to a compute pod works only with a job there and lands in its cgroup; the
+database away for a minute (slurmdbd waiting for it, and refused by it with a wrong password,
+named in its log) loses no record and needs no human; host keys survive a login pod's restart
+and an upgrade."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import re
 import shlex
 import subprocess
@@ -58,6 +65,10 @@ KINDS = {
     "Deployment": rest.DEPLOYMENTS,
 }
 NO_ASSOCIATION = "Invalid account or account/partition combination specified"
+# The database password: Slurm's config parser reads # as a comment and \ as an escape, a
+# blank ends a value, SQL quotes with '.
+DB_PASSWORD = "p#ss w'rd\\"
+DB_SECRET = "acct-db"
 
 __all__ = ["install"]
 
@@ -166,6 +177,34 @@ class Site:
         return await wait_for(check, timeout=timeout, interval=1, what=f"{component} Ready")
 
 
+async def pod_states(i: Install, release: str) -> dict[str, tuple[str, list[int]]]:
+    """Each live pod of the release (not a hook's) by name: its uid and its containers'
+    restart counts (sidecars too)."""
+    pods = await i.pods(i.slurm_ns, f"app.kubernetes.io/instance={release}")
+    pods += await i.pods(i.slurm_ns, f"slinky.slurm.net/slurmd-service={release}-slurmd")
+    out = {}
+    for p in pods:
+        owners = {o["kind"] for o in p["metadata"].get("ownerReferences") or []}
+        if "Job" in owners or p["metadata"].get("deletionTimestamp"):
+            continue
+        st = p.get("status") or {}
+        counts = [
+            c["restartCount"]
+            for c in (*st.get("initContainerStatuses", []), *st.get("containerStatuses", []))
+        ]
+        out[p["metadata"]["name"]] = (p["metadata"]["uid"], counts)
+    return out
+
+
+def without_cgroups(values: JSON) -> JSON:
+    """The values with jobIsolation none (ProctrackType and TaskPlugin change), and so without
+    SSH to compute pods (pam_slurm_adopt needs the jobs' cgroups: the chart refuses both)."""
+    out = copy.deepcopy(values)
+    out["slurmConfig"] = {"jobIsolation": "none"}
+    out["compute"]["ssh"] = {"enabled": False}
+    return out
+
+
 def keygen(path: Path) -> str:
     subprocess.run(
         ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", path.name, "-f", str(path)],
@@ -205,6 +244,10 @@ async def site(install: Install, tmp_path: Path) -> AsyncIterator[Site]:
     try:
         yield Site(i, keys, tmp_path / "known_hosts")
     finally:
+        # Jobs a failed test left waiting for their file end now (uninstall waits for them).
+        for done in ("kept.done", "held.done"):
+            with contextlib.suppress(OSError):
+                (homes / "alice" / done).touch()
         for pv in pvs.values():
             with contextlib.suppress(rest.ApiError):
                 await i.kube.delete(PVS, pv)
@@ -233,6 +276,7 @@ def site_values(s: Site, public_keys: dict[str, str]) -> JSON:
                 "enabled": True,
                 "persistence": {"storageClassName": f"{i.storage_class}-db", "size": "1Gi"},
             },
+            "storage": {"passwordSecretRef": {"name": DB_SECRET, "key": "password"}},
             "enforce": "associations,limits,qos",
             "accounts": [{"name": "physics", "description": "physics group"}],
             "users": [
@@ -280,21 +324,103 @@ async def test_a_site_cluster_with_accounting_login_users_and_homes(site: Site) 
                                          "metricsApi": {"enabled": False}}),
         "--wait", "--timeout", "4m",
     )  # fmt: skip
-    values = i.values_file("slurm", site_values(s, public))
-    # --wait: slurmctld's first start waits for slurmdbd and its database; the accounts hook
-    # runs after it.
+    # Installed without accounting: turning it on for a running cluster is a step of its own.
+    full = site_values(s, public)
+    first = copy.deepcopy(full)
+    first["accounting"]["enabled"] = False
+    await i.kube.create(
+        rest.SECRETS,
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": DB_SECRET},
+            "stringData": {"password": DB_PASSWORD},
+        },
+        i.slurm_ns,
+    )
     await i.helm(
-        "install", i.slurm_release, str(CHARTS / "slurm"), "-n", i.slurm_ns, "-f", values,
-        "--wait", "--timeout", "8m",
+        "install", i.slurm_release, str(CHARTS / "slurm"), "-n", i.slurm_ns,
+        "-f", i.values_file("slurm-first", first), "--wait", "--timeout", "8m",
     )  # fmt: skip
-    i.timings["site install (accounting, login, accounts hook)"] = time.monotonic() - t0
+    i.timings["site install (login, no accounting)"] = time.monotonic() - t0
     await idle_nodes(i, "batch", 2)
     await s.ready("login")
     await s.reachable("alice")
-
-    # ------------------------------------------------ alice logs in and runs jobs as herself
     _, out, _ = await s.ssh("alice", "id -u; id -gn; pwd; sinfo -h -p batch -o %D")
     assert out.split() == [str(ALICE_UID), "alice", "/home/alice", "2"], out
+
+    # ------------------------------------------------ a job running through two upgrades
+    # alice's, until she lets it end (a file in her shared home).
+    t1 = time.monotonic()
+    kept = await s.sbatch(
+        "alice", "-p", "batch", "-w", f"{i.nodeset('batch')}-0", "-o", "/dev/null", "-t", "15",
+        "--wrap", "while [ ! -e kept.done ]; do sleep 0.5; done",
+    )  # fmt: skip
+    await running(i, kept)
+    pods_before = await pod_states(i, s.release)
+
+    # ------------------------------------------------ ProctrackType/TaskPlugin changed while
+    # it runs: the pre-upgrade check refuses, names the job and the ways on; nothing restarts.
+    no_cgroup = without_cgroups(first)
+    with pytest.raises(AssertionError) as refused:
+        await i.helm(
+            "upgrade", i.slurm_release, str(CHARTS / "slurm"), "-n", i.slurm_ns,
+            "-f", i.values_file("slurm-no-cgroup", no_cgroup), "--wait", "--timeout", "3m",
+        )  # fmt: skip
+    assert "pre-upgrade hooks failed" in str(refused.value), str(refused.value)[:3000]
+    check_log = i.kubectl("-n", i.slurm_ns, "logs", f"job/{s.release}-upgrade-check")
+    assert "upgrade refused: it changes ProctrackType proctrack/cgroup -> " in check_log, check_log
+    assert f" {kept} (RUNNING on {i.nodeset('batch')}-0)" in check_log, check_log
+    assert "state=drain" in check_log and "upgradeCheck.enabled=false" in check_log, check_log
+    assert await pod_states(i, s.release) == pods_before
+    assert (await running(i, kept))["Restarts"] == "0"
+    i.timings["upgrade changing TaskPlugin refused (a job running)"] = time.monotonic() - t1
+
+    # ------------------------------------------------ accounting turned on, and a NodeSet
+    # added, while the job runs: slurmctld starts once slurmdbd answers (the database's
+    # password holds # ' \ and a blank), never crashes; no pod of the first NodeSets moves.
+    t2 = time.monotonic()
+    full["compute"]["nodesets"].append({"name": "extra", "replicas": 1})
+    values = i.values_file("slurm", full)
+    slurm_key = await i.secret_data(i.slurm_ns, f"{s.release}-slurm-key")
+    await i.helm(
+        "upgrade", i.slurm_release, str(CHARTS / "slurm"), "-n", i.slurm_ns, "-f", values,
+        "--wait", "--timeout", "8m",
+    )  # fmt: skip
+    i.timings["upgrade turning accounting on (--wait: slurmdbd, slurmctld, accounts hook)"] = (
+        time.monotonic() - t2
+    )
+    ctld = await s.ready("controller")
+    statuses = {c["name"]: c for c in ctld["status"]["containerStatuses"]}
+    assert statuses["slurmctld"]["restartCount"] == 0, ctld["status"]
+    waited = i.kubectl("-n", i.slurm_ns, "logs", i.ctld_pod, "-c", "wait-for-slurmdbd")
+    assert "answers" in waited.splitlines()[-1], waited
+    # sacctmgr ping as the init container runs it (root, the same image and /etc/slurm).
+    assert "UP" in i.ctld("sacctmgr", "-n", "ping").split(), i.ctld("sacctmgr", "-n", "ping")
+    ctld_log = i.kubectl("-n", i.slurm_ns, "logs", i.ctld_pod, "-c", "slurmctld")
+    assert "Association database appears down" not in ctld_log, ctld_log[-3000:]
+    nodeset_pods = {k: v for k, v in pods_before.items() if k.startswith(f"{s.release}-compute-")}
+    after_pods = await pod_states(i, s.release)
+    assert {k: after_pods.get(k) for k in nodeset_pods} == nodeset_pods, after_pods
+    assert await i.secret_data(i.slurm_ns, f"{s.release}-slurm-key") == slurm_key
+    assert (await running(i, kept))["Restarts"] == "0"
+    await idle_nodes(i, "extra", 1)
+    # The login pods restarted for the new slurm.conf (their sackd reads it at start only).
+    await s.reachable("alice", strict=True)
+    # One pod of each NodeSet in one step: each resolves both names (the release's one
+    # slurmd Service, searched by every pod).
+    a, b = f"{i.nodeset('batch')}-1", f"{i.nodeset('extra')}-0"
+    _, out, _ = await s.ssh(
+        "alice", f"srun -N2 -w {a},{b} sh -c 'hostname -f; getent hosts {a} {b}'"
+    )
+    for name in (a, b):
+        fqdn = f"{name}.{s.release}-slurmd.{i.slurm_ns}.svc.cluster.local"
+        assert out.split().count(fqdn) == 3, out
+    await s.ssh("alice", "touch kept.done")
+    await completed(i, kept)
+    i.timings["accounting turned on: a job running through to COMPLETED"] = time.monotonic() - t1
+
+    # ------------------------------------------------ alice logs in and runs jobs as herself
     job = await s.sbatch(
         "alice", "-p", "batch", "-o", "job-%j.out", "--wrap", "id -un; id -u; hostname"
     )
@@ -420,7 +546,10 @@ async def test_a_site_cluster_with_accounting_login_users_and_homes(site: Site) 
     # ------------------------------------------------ the database away for a minute
     # MariaDB stops and slurmdbd restarts: it waits for the database (no crash loop) while
     # slurmctld keeps scheduling; the record of a job that ended meanwhile arrives after.
+    # The new slurmdbd pod gets a wrong password (its init container reads the Secret at
+    # start), MariaDB the right one when it comes back: the login refused is named.
     await i.kube.patch(STATEFULSETS, f"{s.release}-mariadb", {"spec": {"replicas": 0}}, i.slurm_ns)
+    await i.kube.patch(rest.SECRETS, DB_SECRET, {"stringData": {"password": "wrong"}}, i.slurm_ns)
     old_dbd = (await s.pod("accounting"))["metadata"]["name"]
     await i.kube.delete(rest.PODS, old_dbd, i.slurm_ns)
     down_at = time.monotonic()
@@ -434,6 +563,10 @@ async def test_a_site_cluster_with_accounting_login_users_and_homes(site: Site) 
         return False
 
     await wait_for(dbd_waiting, timeout=120, interval=1, what="slurmdbd waiting for MariaDB")
+    wrong_dbd = (await s.pod("accounting"))["metadata"]["name"]
+    await i.kube.patch(
+        rest.SECRETS, DB_SECRET, {"stringData": {"password": DB_PASSWORD}}, i.slurm_ns
+    )
     during = await s.sbatch("alice", "-p", "batch", "-o", "/dev/null", "--wrap", "sleep 2")
     await completed(i, during)
 
@@ -442,6 +575,13 @@ async def test_a_site_cluster_with_accounting_login_users_and_homes(site: Site) 
 
     await wait_for(a_minute_passed, timeout=90, interval=1, what="a minute without accounting")
     await i.kube.patch(STATEFULSETS, f"{s.release}-mariadb", {"spec": {"replicas": 1}}, i.slurm_ns)
+
+    async def dbd_refused() -> bool:
+        log = i.kubectl("-n", i.slurm_ns, "logs", wrong_dbd, "-c", "slurmdbd")
+        return "slurm-entrypoint: database refused user slurm at " in log
+
+    await wait_for(dbd_refused, timeout=120, interval=1, what="slurmdbd's login refused, named")
+    await i.kube.delete(rest.PODS, wrong_dbd, i.slurm_ns)
     dbd = await s.ready("accounting", timeout=240)
     assert dbd["status"]["containerStatuses"][0]["restartCount"] == 0, dbd["status"]
     record = await s.recorded("alice", during, timeout=240)
@@ -463,14 +603,23 @@ async def test_a_site_cluster_with_accounting_login_users_and_homes(site: Site) 
 
     # ------------------------------------------------ helm upgrade: nothing users notice
     login_before = (await s.pod("login"))["metadata"]["name"]
-    db_secret = await i.secret_data(i.slurm_ns, f"{s.release}-mariadb")
     await i.helm(
         "upgrade", i.slurm_release, str(CHARTS / "slurm"), "-n", i.slurm_ns, "-f", values,
         "--wait", "--timeout", "5m",
     )  # fmt: skip
-    assert await i.secret_data(i.slurm_ns, f"{s.release}-mariadb") == db_secret
+    assert await i.secret_data(i.slurm_ns, f"{s.release}-slurm-key") == slurm_key
     assert (await s.pod("login"))["metadata"]["name"] == login_before
     await s.reachable("alice", strict=True)
     after = await s.sbatch("alice", "-p", "batch", "-o", "/dev/null", "--wrap", "true")
     await completed(i, after)
+
+    # ------------------------------------------------ no job runs: the same TaskPlugin change
+    # goes through (the check lets it; Helm applies it).
+    t3 = time.monotonic()
+    no_cgroup = without_cgroups(full)
+    await i.helm(
+        "upgrade", i.slurm_release, str(CHARTS / "slurm"), "-n", i.slurm_ns,
+        "-f", i.values_file("slurm-no-cgroup", no_cgroup),
+    )  # fmt: skip
+    i.timings["upgrade changing TaskPlugin, no job running"] = time.monotonic() - t3
     i.timings["site test"] = time.monotonic() - t0
