@@ -376,7 +376,7 @@ async def test_the_quickstart_image_import_line_imports_both_images(testbed: Tes
     (into a namespace of its own, so what it imports is seen alone): both archives, not only
     the first (`ctr` takes one archive per call)."""
     doc = (REPO / "docs/quickstart.md").read_text()
-    (line,) = [ln.strip("`") for ln in doc.splitlines() if "images import" in ln]
+    (line,) = [ln.strip("`") for ln in doc.splitlines() if "images import" in ln and "ctr " in ln]
     node = testbed.load().real_nodes[0]
     sock = testbed.nodes_dir / node / "containerd" / "containerd.sock"
     ctr = f"{paths.bin_dir() / 'ctr'} --address {sock}"
