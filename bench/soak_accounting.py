@@ -10,7 +10,7 @@ user, every record of a job id: `--duplicates`, allocations only).
 A record is the job's when it has the job's id and name and was submitted no earlier than
 the job (slurmctld gives the id of a job a kill -9 made it forget to the next job, whose
 name may be the same: a bridge pod's job submitted again). Records of earlier runs of a
-requeued job say REQUEUED and do not count.
+requeued job say REQUEUED, or NODE_FAIL when a node failure ended them, and do not count.
 
 slurmctld's queue for slurmdbd lives in memory (written to disk only on a clean shutdown):
 a kill -9 of slurmctld between a job's end and the moment slurmdbd took its record loses the
@@ -160,7 +160,10 @@ def judge(
             for r in by_id.get(e.job_id, [])
             if r.name == e.name and r.submit >= math.floor(e.submitted_at) - SUBMIT_SLACK_S
         ]
-        ends = [r for r in mine if r.state not in REQUEUE_STATES]
+        ends = sorted((r for r in mine if r.state not in REQUEUE_STATES), key=lambda r: r.submit)
+        # A run a node failure ended and Slurm requeued keeps its own NODE_FAIL record (sacct
+        # --duplicates), submitted before the run that ended the job: an earlier run.
+        ends = [r for i, r in enumerate(ends) if r.state != "NODE_FAIL" or i == len(ends) - 1]
         if len(ends) == 1 and ends[0].state == e.state:
             out.matching += 1
             continue

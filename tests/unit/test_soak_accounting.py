@@ -75,6 +75,19 @@ def test_records_of_earlier_runs_of_a_requeued_job_do_not_count() -> None:
     assert got.matching == 1 and not got.breaches
 
 
+def test_a_run_a_node_failure_ended_before_the_job_was_requeued_does_not_count() -> None:
+    """The 30-minute soak (seed 7): a job on a lost node got a NODE_FAIL record, was
+    requeued, and its next run's COMPLETED record followed; one end, not two. A NODE_FAIL
+    that is the job's only or last record still counts."""
+    got = judge(
+        [ended(5), ended(6, state="NODE_FAIL")],
+        [record(5, state="NODE_FAIL"), record(5, submit=150), record(6, state="NODE_FAIL")],
+    )
+    assert got.matching == 2 and not got.breaches, got.breaches
+    got = judge([ended(5)], [record(5), record(5, state="NODE_FAIL", submit=150)])
+    assert "2 accounting records" in got.breaches["job 5"]
+
+
 def test_an_older_job_given_the_same_id_and_name_is_not_this_jobs_record() -> None:
     # A bridge pod's job lost in a slurmctld kill -9 left a PENDING record; its pod's next job
     # got the same id and name, submitted after the kill.
