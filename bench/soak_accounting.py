@@ -161,6 +161,10 @@ def judge(
             if r.name == e.name and r.submit >= math.floor(e.submitted_at) - SUBMIT_SLACK_S
         ]
         ends = sorted((r for r in mine if r.state not in REQUEUE_STATES), key=lambda r: r.submit)
+        # A record that never ended, followed by a later submission under the same id: the
+        # record of a job slurmctld forgot in a kill -9 (Slurm gave its id again), not an
+        # end of this one.
+        ends = [r for i, r in enumerate(ends) if r.end is not None or i == len(ends) - 1]
         # A run a node failure ended and Slurm requeued keeps its own NODE_FAIL record (sacct
         # --duplicates), submitted before the run that ended the job: an earlier run.
         ends = [r for i, r in enumerate(ends) if r.state != "NODE_FAIL" or i == len(ends) - 1]

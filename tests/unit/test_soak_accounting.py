@@ -88,6 +88,20 @@ def test_a_run_a_node_failure_ended_before_the_job_was_requeued_does_not_count()
     assert "2 accounting records" in got.breaches["job 5"]
 
 
+def test_the_open_record_of_a_job_slurmctld_forgot_before_giving_its_id_again_is_not_an_end() -> (
+    None
+):
+    """The CI soak: gang g16's job 48 was submitted, slurmctld was killed -9 before saving
+    it and gave 48 to the gang's next submission 4 s later; slurmdbd keeps the first
+    record PENDING with no end. Only the last record ends the job; an open last one is
+    still a breach."""
+    forgot = Record(5, "soak-b1", "PENDING", 101.0, None)
+    got = judge([ended(5, state="CANCELLED")], [forgot, record(5, "soak-b1", "CANCELLED", 105)])
+    assert got.matching == 1 and not got.breaches, got.breaches
+    got = judge([ended(5, state="CANCELLED")], [forgot])
+    assert "its accounting record says PENDING" in got.breaches["job 5"]
+
+
 def test_an_older_job_given_the_same_id_and_name_is_not_this_jobs_record() -> None:
     # A bridge pod's job lost in a slurmctld kill -9 left a PENDING record; its pod's next job
     # got the same id and name, submitted after the kill.
