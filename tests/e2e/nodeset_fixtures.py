@@ -108,7 +108,8 @@ class Env:
         except errors.SlurmNotFound:
             return None
 
-    async def submit(self, feature: str, seconds: int, *, name: str = "e2e") -> int:
+    async def submit(self, feature: str, seconds: int, *, name: str = "e2e", then: str = "") -> int:
+        """A 1-node batch job on `feature` sleeping `seconds`, then running `then` (if any)."""
         return await self.slurm.submit_job(
             {
                 "name": name,
@@ -120,7 +121,7 @@ class Env:
                 "environment": ["PATH=/usr/bin:/bin"],
                 "time_limit": {"set": True, "number": 10},
             },
-            script=f"#!/bin/sh\nsleep {seconds}\n",
+            script=f"#!/bin/sh\nsleep {seconds}\n{then}\n",
         )
 
     async def running_on(self, job_id: int, timeout: float = 30) -> str:

@@ -234,19 +234,7 @@ async def test_a_busy_pod_stopped_while_slurmctld_is_down_lets_its_job_finish(
 
         await wait_for(idle, timeout=60, what=f"{pod} IDLE")
         marker = f"/tmp/ended-{uuid.uuid4().hex[:6]}"
-        job = await env.slurm.submit_job(
-            {
-                "name": "e2e",
-                "constraints": name,
-                "minimum_nodes": 1,
-                "maximum_nodes": 1,
-                "tasks": 1,
-                "current_working_directory": "/tmp",
-                "environment": ["PATH=/usr/bin:/bin"],
-                "time_limit": {"set": True, "number": 10},
-            },
-            script=f"#!/bin/sh\nsleep 20\ntouch {marker}\n",
-        )
+        job = await env.submit(name, 20, then=f"touch {marker}")
         assert await env.running_on(job) == pod
         await asyncio.to_thread(env.testbed.stop_component, "slurmctld")  # saves its state
         try:
