@@ -62,6 +62,47 @@ KUBELET_RACE_RETRIES = 3
 # The apiserver's user towards kubelets (logs, exec, port-forward).
 KUBELET_CLIENT_USER = "kube-apiserver-kubelet-client"
 TOKEN_LIFETIME_S = 7 * 24 * 3600
+# What one test bed writes at most (measured: ~2.6 GiB with two real nodes and their imported
+# images, ~0.7 GiB without), with room for logs. Below it the kubelets' disk-pressure eviction
+# turns away every pod and the tests fail as timeouts that name nothing (CI stop 53).
+BED_DISK_GIB_REAL_NODES = 4.0
+BED_DISK_GIB = 1.0
+
+
+def disk_problem(where: Path, *, real_nodes: int, free: int | None = None) -> str | None:
+    """Why a test bed under `where` cannot start for lack of disk, or None.
+
+    Names the free space, what a bed needs, and the other beds beside it (largest first) a
+    person may remove."""
+    needed = BED_DISK_GIB_REAL_NODES if real_nodes else BED_DISK_GIB
+    if free is None:
+        free = shutil.disk_usage(where).free
+    if free >= needed * 2**30:
+        return None
+    others = sorted(
+        (p for p in where.iterdir() if (p / "state.json").exists()),
+        key=lambda p: -_size(p),
+    )
+    hint = (
+        " Test beds there: "
+        + ", ".join(f"{p.name} ({_size(p) / 2**30:.1f} GiB)" for p in others[:8])
+        + "; remove one you no longer use with `slinky testbed --dir DIR down && rm -rf DIR`."
+        if others
+        else ""
+    )
+    return (
+        f"only {free / 2**30:.1f} GiB free under {where}; a test bed needs {needed:.0f} GiB "
+        f"(with less, the kubelets evict or refuse every pod for disk pressure).{hint}"
+    )
+
+
+def _size(path: Path) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, f)).st_size
+    return total
 
 
 class TestbedError(RuntimeError):
@@ -221,6 +262,9 @@ class Testbed:
                 f"test bed {self.dir} is already up; run `slinky testbed down` first"
             )
         self._check_binaries(real_nodes=real_nodes)
+        self.dir.parent.mkdir(parents=True, exist_ok=True)
+        if problem := disk_problem(self.dir.parent, real_nodes=real_nodes):
+            raise TestbedError(problem)
         # Whatever a killed run of this test bed left on the host goes first.
         nodes.cleanup(self.names(), self.nodes_dir, log=lambda _m: None)
         t0 = time.monotonic()

@@ -65,3 +65,23 @@ def test_the_slurm_root_asks_no_resolver_outside_the_machine(tmp_path: Path) -> 
     lines = (tmp_path / "etc" / "resolv.conf").read_text().splitlines()
     servers = [ln.split()[1] for ln in lines if ln.startswith("nameserver")]
     assert servers == ["127.0.0.1"]
+
+
+def test_a_test_bed_short_of_disk_is_refused_naming_the_space_and_the_beds_to_remove(
+    tmp_path: Path,
+) -> None:
+    from slinky_testbed.bed import disk_problem
+
+    old = tmp_path / "old-bed"
+    old.mkdir()
+    (old / "state.json").write_text("{}")
+    (old / "big").write_bytes(b"x" * 4096)
+    (tmp_path / "not-a-bed").mkdir()
+
+    assert disk_problem(tmp_path, real_nodes=2, free=10 * 2**30) is None
+    problem = disk_problem(tmp_path, real_nodes=2, free=3 * 2**30)
+    assert problem is not None
+    assert "only 3.0 GiB free" in problem and "needs 4 GiB" in problem
+    assert "old-bed" in problem and "not-a-bed" not in problem
+    # A bed without real nodes needs less.
+    assert disk_problem(tmp_path, real_nodes=0, free=3 * 2**30) is None
