@@ -79,17 +79,20 @@ e2e: images
 test: images lint
 	$(BIN)/pytest -q tests $(PYTEST_XDIST) $(PYTEST_ARGS)
 
-## A local control plane + Slurm that stays up; poke it with kubectl, sinfo, squeue.
+## A local Kubernetes with the site a user installs from the charts (operator, Slurm with
+## accounting, login and LDAP users, bridge) that stays up; poke it with kubectl, sinfo, ssh.
 dev: images
 	@$(BIN)/slinky testbed --dir $(DEV_DIR) status >/dev/null 2>&1 || \
 		$(BIN)/slinky testbed --dir $(DEV_DIR) up --nodes 2 --kwok-nodes 2
-	@$(BIN)/python -m slinky_testbed.dev --dir $(DEV_DIR)
+	@$(BIN)/python -m slinky_testbed.dev_site --dir $(DEV_DIR)
 
 dev-down: venv
 	$(BIN)/slinky testbed --dir $(DEV_DIR) down
+	rm -f $(DEV_DIR)/slurm-commands
 
 dev-env: venv
 	@$(BIN)/slinky testbed --dir $(DEV_DIR) env
+	@$(BIN)/python -m slinky_testbed.dev_site --dir $(DEV_DIR) env
 
 ## Regenerate config/crd/ from the API models (and the CRD chart's copy of them).
 crds: venv

@@ -223,15 +223,20 @@ class Testbed:
     def commands(self) -> Path:
         """A directory of commands for a shell on this test bed (`slinky testbed env` puts it
         first on PATH): kubectl and helm (on the test bed's kubeconfig, from the environment)
-        and Slurm's user commands, each run inside the Slurm root as `slurm` runs them."""
+        and Slurm's user commands, each run inside the Slurm root as `slurm` runs them, or
+        through the executable `slurm-commands` of the state directory when there is one
+        (`make dev` writes it: they run in its login pod, slinky_testbed.dev_site)."""
         bin_dir = self.dir / "bin"
         bin_dir.mkdir(exist_ok=True)
         tools = {name: paths.bin_dir() / name for name in ("kubectl", "helm")}
         scripts = {name: f'exec {shlex.quote(str(path))} "$@"' for name, path in tools.items()}
         root = shlex.quote(str(self.root))
+        via = self.dir / "slurm-commands"
         for name in SLURM_COMMANDS:
             scripts[name] = (
-                "exec env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root "
+                f'exec {shlex.quote(str(via))} {name} "$@"'
+                if via.exists()
+                else "exec env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root "
                 f'chroot {root} {name} "$@"'
             )
         for name, line in scripts.items():

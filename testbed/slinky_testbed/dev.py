@@ -1,8 +1,12 @@
-"""`make dev`: on a running test bed, install the CRDs, start slurm-operator in the
-background, and create a sample Cluster and NodeSet whose slurmd pods join the test bed's
-Slurm; the NodeSet has its own partition and an HPA on its pending jobs (the operator serves
-external.metrics.k8s.io). Idempotent: running it again keeps what is there and what others
-changed (the HPA's replicas, a person's edits)."""
+"""The host-run environment: on a running test bed, install the CRDs, start slurm-operator in
+the background, and create a sample Cluster and NodeSet whose slurmd pods join the test bed's
+own Slurm (slurmctld run on the host, slurmconf.py); the NodeSet has its own partition and an
+HPA on its pending jobs (the operator serves external.metrics.k8s.io). The bridge runs as a
+process too (dev_bridge). What the monitoring e2e test, the chaos soak and the budget bench
+run (`python -m slinky_testbed.dev`): the operator and the bridge alone, faster to start
+and to kill than the charts' pods. `make dev` installs the charts instead (dev_site).
+Idempotent: running it again keeps what is there and what others changed (the HPA's
+replicas, a person's edits)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
-"""`make dev`, bridge part: run slurm-bridge (every component, one process) on the dev test
-bed with a sample config whose managed namespace is `slurm-bridge`, register its webhook
-with the test bed's apiserver, and label the nodes meant for the bridge so that they
-register in Slurm as EXTERNAL nodes. Idempotent, like the rest of `make dev`.
+"""The host-run environment's bridge part (slinky_testbed.dev; `make dev` installs the
+bridge's chart instead, dev_site, and uses the node helpers here): run slurm-bridge
+(every component, one process) on the test bed with a sample config whose managed
+namespace is `slurm-bridge`, register its webhook with the test bed's apiserver, and label
+the nodes meant for the bridge so that they register in Slurm as EXTERNAL nodes.
+Idempotent, like the rest of the environment.
 
 The bridge's node is a real node (kubelet + containerd), so that a pod Slurm places there
 really runs: the last real node of the test bed, set aside (labelled, and tainted as the

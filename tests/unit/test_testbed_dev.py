@@ -1,10 +1,14 @@
-"""`make dev` applies its samples again without taking fields others manage (pure parts)."""
+"""The host-run environment applies its samples again without taking fields others manage;
+`make dev`'s site: what it installs, when it installs again, where Slurm's commands run
+(pure parts)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from slinky_testbed import dev
+from slinky_testbed import dev, dev_site
+from slinky_testbed.bed import Testbed
 
 
 def nodeset() -> dict[str, Any]:
@@ -50,3 +54,54 @@ def test_conflicts_are_told_from_other_failures() -> None:
         ".spec.template.metadata.labels.app.kubernetes.io/instance",
     ]
     assert dev.conflicting_fields('Error from server (NotFound): "compute" not found') is None
+
+
+# ---------------------------------------------------------------- `make dev`'s site
+
+
+def test_a_release_is_installed_again_only_when_its_chart_or_values_change(tmp_path: Path) -> None:
+    chart = tmp_path / "chart"
+    (chart / "templates").mkdir(parents=True)
+    (chart / "Chart.yaml").write_text("name: c\n")
+    (chart / "templates" / "a.yaml").write_text("kind: ConfigMap\n")
+    first = dev_site.release_digest(chart, {"a": 1, "b": [2]})
+    assert dev_site.release_digest(chart, {"b": [2], "a": 1}) == first  # key order is no change
+    assert dev_site.release_digest(chart, {"a": 2, "b": [2]}) != first
+    (chart / "templates" / "a.yaml").write_text("kind: Secret\n")
+    assert dev_site.release_digest(chart, {"a": 1, "b": [2]}) != first
+
+
+def test_the_dev_site_is_the_charts_site_with_isolation_accounting_login_and_ldap() -> None:
+    values = dev_site.slurm_values("ssh-ed25519 AAAA dana")
+    assert "jobIsolation" not in values.get("slurmConfig", {})  # the chart's default: cgroup
+    assert values["accounting"]["enabled"] and values["accounting"]["mariadb"]["enabled"]
+    assert values["accounting"]["users"] == [{"name": "dana", "account": "physics"}]
+    assert values["login"] == {
+        "enabled": True,
+        "authorizedKeys": {"dana": ["ssh-ed25519 AAAA dana"]},
+    }
+    assert values["sssd"]["enabled"] and values["homes"] == {"existingClaim": "homes"}
+    # A job without -p goes to batch, never to the bridge's EXTERNAL nodes (no slurmd there).
+    assert values["slurmConfig"]["allPartition"] == {"enabled": False}
+    (batch,) = values["compute"]["nodesets"]
+    assert batch["partition"]["config"]["Default"] == "YES"
+    assert batch["autoscaling"]["enabled"] and batch["autoscaling"]["minReplicas"] == 0
+    assert "replicas" not in batch  # the HPA's
+
+
+def test_the_dev_bridge_runs_its_pods_as_dana_with_an_association() -> None:
+    policy = dev_site.bridge_values()["sharedConfig"]["policy"]["namespaces"]["slurm-bridge"]
+    assert policy["users"] == ["5001"] and policy["defaultAccount"] == "physics"
+
+
+def test_slurm_commands_run_through_the_sites_script_once_make_dev_wrote_it(
+    tmp_path: Path,
+) -> None:
+    bed = Testbed(tmp_path)
+    sinfo = bed.commands() / "sinfo"
+    assert "chroot" in sinfo.read_text()
+    (tmp_path / "slurm-commands").write_text("#!/bin/sh\n")
+    assert bed.commands() / "sinfo" == sinfo
+    assert sinfo.read_text() == f'#!/bin/sh\nexec {tmp_path}/slurm-commands sinfo "$@"\n'
+    (tmp_path / "slurm-commands").unlink()  # make dev-down
+    assert "chroot" in bed.commands().joinpath("sinfo").read_text()
