@@ -30,7 +30,7 @@ from typing import Any
 import jwt
 import yaml
 
-from slinky_testbed import nodes, paths, pki, procs, slurmconf
+from slinky_testbed import guests, nodes, paths, pki, procs, slurmconf
 
 # Slurm's user and admin commands a shell on the test bed gets (see `Testbed.commands`).
 SLURM_COMMANDS = (
@@ -125,6 +125,9 @@ class State:
     # Seconds from starting the first containerd to every node Ready (for reports).
     nodes_ready_s: float = 0.0
     images_import_s: float = 0.0
+    # cgroup v2 nodes, each a QEMU guest (slinky_testbed.guests), and each guest's memory.
+    v2_nodes: list[str] = field(default_factory=list)
+    v2_memory_mib: int = guests.DEFAULT_MEMORY_MIB
     # Job accounting (`up(accounting=True)`): MariaDB and slurmdbd in the Slurm root.
     accounting: bool = False
     db_password: str = ""
@@ -255,9 +258,14 @@ class Testbed:
         real_nodes: int = 0,
         kwok_nodes: int = 0,
         accounting: bool = False,
+        v2_nodes: int = 0,
+        v2_memory_mib: int = guests.DEFAULT_MEMORY_MIB,
         log: Callable[[str], None],
     ) -> None:
         """Start every component and wait until each is ready (or raise with its log).
+
+        With `v2_nodes`, that many cgroup v2 nodes run in QEMU guests beside the real ones
+        (which they need: their network is the real nodes' namespace), `v2_memory_mib` each.
 
         With `accounting`, MariaDB and slurmdbd run in the Slurm root too (`mariadb` and
         `slurmdbd`, started before slurmctld as the slurm chart orders them) and slurm.conf
@@ -266,13 +274,20 @@ class Testbed:
             raise TestbedError(
                 f"test bed {self.dir} is already up; run `slinky testbed down` first"
             )
-        self._check_binaries(real_nodes=real_nodes)
+        if v2_nodes and not real_nodes:
+            raise TestbedError(
+                f"{v2_nodes} v2 nodes asked for with no real node: v2 nodes join the real "
+                "nodes' network namespace; give at least one real node (--nodes 1)"
+            )
+        self._check_binaries(real_nodes=real_nodes, v2_nodes=v2_nodes)
         self.dir.parent.mkdir(parents=True, exist_ok=True)
         if problem := disk_problem(self.dir.parent, real_nodes=real_nodes):
             raise TestbedError(problem)
         # Whatever a killed run of this test bed left on the host goes first.
         nodes.cleanup(self.names(), self.nodes_dir, log=lambda _m: None)
         t0 = time.monotonic()
+        if v2_nodes:
+            guests.ensure_images_disk(log)
         self.dir.mkdir(parents=True, exist_ok=True)
         if self.logs.exists():
             shutil.rmtree(self.logs)
@@ -307,6 +322,8 @@ class Testbed:
         )
         state.kwok_nodes = [f"kwok-{i}" for i in range(kwok_nodes)]
         state.real_nodes = [nodes.node_name(i) for i in range(real_nodes)]
+        state.v2_nodes = [guests.guest_name(j) for j in range(v2_nodes)]
+        state.v2_memory_mib = v2_memory_mib
         try:
             # Test beds starting side by side (pytest-xdist workers) take turns from picking a
             # free subnet until it is in use, so two never pick the same one.
@@ -326,6 +343,7 @@ class Testbed:
                 state.slurm_token = self.mint_slurm_token()
                 if real_nodes:
                     nodes.setup_network(self.names(state), real_nodes)
+                    guests.setup_network(self.names(state), v2_nodes)
             self._start_etcd(state)
             if accounting:
                 self._init_mariadb(state)
@@ -344,6 +362,8 @@ class Testbed:
             self._start_kcm_and_scheduler(state)
             if real_nodes:
                 self._start_real_nodes(state, log)
+            if v2_nodes:
+                self._start_guests(state)
             self._start_kwok(state)
             self._wait("slurmrestd", lambda: self._slurmrestd_ok(state), 30)
             self._wait(
@@ -356,7 +376,13 @@ class Testbed:
                 lambda: self._http_ok(f"https://127.0.0.1:{state.ports['scheduler']}/healthz"),
                 60,
             )
-            self._wait_nodes_ready(state, 120)
+            try:
+                self._wait_nodes_ready(state, guests.READY_TIMEOUT_S if v2_nodes else 120)
+            except TestbedError as e:
+                if not v2_nodes:
+                    raise
+                reports = (guests.failure_report(n, self.logs) for n in state.v2_nodes)
+                raise TestbedError(f"{e}\n" + "\n".join(reports)) from e
             if real_nodes:
                 state.nodes_ready_s = time.monotonic() - self._nodes_t0
         except BaseException:
@@ -366,12 +392,14 @@ class Testbed:
         self.save(state)
         log(f"test bed up in {time.monotonic() - t0:.1f}s ({self.dir})")
 
-    def _check_binaries(self, *, real_nodes: int) -> None:
+    def _check_binaries(self, *, real_nodes: int, v2_nodes: int = 0) -> None:
         missing = [
             b for b in (*KUBE_BINARIES, "etcd", "kwok") if not (paths.bin_dir() / b).exists()
         ]
         if real_nodes:
             missing += nodes.check_binaries()
+        if v2_nodes:
+            missing += guests.check_built()
         if missing or not paths.slurm_root_tarball().exists():
             raise TestbedError(
                 f"missing test bed binaries {missing or ['slurm root']}: run `slinky testbed build`"
@@ -689,6 +717,19 @@ class Testbed:
             env=env,
         )
 
+    def _start_guests(self, state: State) -> None:
+        """The cgroup v2 nodes: one QEMU guest each, in the real nodes' namespace and cgroup."""
+        guests.start(
+            names=self.names(state),
+            guests=state.v2_nodes,
+            nodes_dir=self.nodes_dir,
+            logs=self.logs,
+            pki_dir=self.pki,
+            server=f"https://{self.names(state).host_ip}:{state.ports['apiserver']}",
+            spawn=lambda name, argv: self._spawn(state, name, argv),
+            memory_mib=state.v2_memory_mib,
+        )
+
     def _start_kubelet(self, state: State, i: int, name: str) -> None:
         """One node's kubelet. Every kubelet binds the one host-wide device plugin socket
         (`/var/lib/kubelet/device-plugins/kubelet.sock`, not under `--root-dir`): two that
@@ -759,10 +800,12 @@ class Testbed:
             if "scheduler" in state.pids:  # no new pod gets bound while we drain
                 self.stop_component("scheduler")
             with contextlib.suppress(Exception):
-                left = kubeapi.Admin(self.kubeconfig).delete_pods_on(state.real_nodes, timeout=90)
+                left = kubeapi.Admin(self.kubeconfig).delete_pods_on(
+                    state.real_nodes + state.v2_nodes, timeout=90
+                )
                 if left:
                     log(f"pods still terminating after 90s, stopping their nodes: {left}")
-        for prefix in ("kubelet-", "kube-proxy", "coredns", "containerd-"):
+        for prefix in ("kubelet-", "qemu-", "kube-proxy", "coredns", "containerd-"):
             group = [p for n, p in self.tracked_processes(state) if n.startswith(prefix)]
             procs.stop_all(group, grace=10)
 
@@ -1123,7 +1166,7 @@ class Testbed:
     def _nodes_ready(self, state: State) -> bool:
         from slinky_testbed import kubeapi
 
-        want = set(state.kwok_nodes) | set(state.real_nodes)
+        want = set(state.kwok_nodes) | set(state.real_nodes) | set(state.v2_nodes)
         return want <= kubeapi.Admin(self.kubeconfig).ready_nodes()
 
     # ---------------------------------------------------------------- kubeconfig

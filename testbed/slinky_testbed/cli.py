@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from slinky_testbed import paths
+from slinky_testbed import guests, paths
 from slinky_testbed.bed import Testbed, TestbedError
 
 
@@ -20,6 +20,7 @@ def build() -> None:
         "build-kube.sh",
         "build-node.sh",
         "build-prometheus.sh",
+        "build-guest.sh",
     ):
         subprocess.run(["bash", str(paths.hack_dir() / script)], check=True)
 
@@ -53,6 +54,19 @@ def main(argv: list[str] | None = None) -> None:
         "--nodes", type=int, default=2, help="real nodes (kubelet + containerd), default 2"
     )
     up.add_argument("--kwok-nodes", type=int, default=0, help="fake nodes for scale tests")
+    up.add_argument(
+        "--v2-nodes",
+        type=int,
+        default=0,
+        help="cgroup v2 nodes, each a QEMU guest (needs --nodes >= 1), default 0",
+    )
+    up.add_argument(
+        "--v2-memory",
+        type=int,
+        default=guests.DEFAULT_MEMORY_MIB,
+        metavar="MIB",
+        help=f"memory of each v2 node's guest, default {guests.DEFAULT_MEMORY_MIB}",
+    )
     cmds.add_parser("down", help="stop exactly the processes `up` started")
     cmds.add_parser("status", help="list the test bed's processes")
     cmds.add_parser("env", help="print shell export lines")
@@ -70,6 +84,8 @@ def main(argv: list[str] | None = None) -> None:
             bed.up(
                 real_nodes=args.nodes,
                 kwok_nodes=args.kwok_nodes,
+                v2_nodes=args.v2_nodes,
+                v2_memory_mib=args.v2_memory,
                 log=print,
             )
             print(f"to use it in this shell: {env_hint(bed.dir)}")

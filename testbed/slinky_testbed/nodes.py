@@ -339,9 +339,17 @@ def setup_network(names: Names, count: int) -> None:
 # ---------------------------------------------------------------- configuration files
 
 
-def containerd_config(node_dir: Path, root: Path, cni_bin: Path) -> str:
+def containerd_config(
+    node_dir: Path,
+    root: Path,
+    cni_bin: Path,
+    *,
+    cni_conf: Path | None = None,
+    runc: Path | None = None,
+) -> str:
     """containerd of one node. Its `root` (images, snapshots) outlives the node so that the next
-    `up` need not import and unpack the images again; its state goes with the node."""
+    `up` need not import and unpack the images again; its state goes with the node. A v2 node's
+    guest (slinky_testbed.guests) gives its own CNI configuration directory and runc."""
     d = node_dir / "containerd"
     return f"""version = 3
 root = "{root}"
@@ -379,11 +387,11 @@ disabled_plugins = [
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
-        BinaryName = "{paths.bin_dir() / "runc"}"
+        BinaryName = "{runc or paths.bin_dir() / "runc"}"
         SystemdCgroup = false
   [plugins."io.containerd.cri.v1.runtime".cni]
     bin_dirs = ["{cni_bin}"]
-    conf_dir = "{node_dir / "cni"}"
+    conf_dir = "{cni_conf or node_dir / "cni"}"
 
 [plugins."io.containerd.cri.v1.images"]
   snapshotter = "overlayfs"
@@ -398,6 +406,13 @@ disabled_plugins = [
 
 
 def cni_config(names: Names, index: int, node_dir: Path) -> str:
+    return bridge_cni_config(
+        names.bridge(index), names.node_subnet(index), names.node_ip(index), node_dir / "cni-ipam"
+    )
+
+
+def bridge_cni_config(bridge: str, subnet: str, gateway: str, ipam_dir: Path) -> str:
+    """The bridge CNI plugin on `bridge`, pod addresses from `subnet`, `gateway` the node's."""
     return json.dumps(
         {
             "cniVersion": "1.0.0",
@@ -405,22 +420,15 @@ def cni_config(names: Names, index: int, node_dir: Path) -> str:
             "plugins": [
                 {
                     "type": "bridge",
-                    "bridge": names.bridge(index),
+                    "bridge": bridge,
                     "isGateway": True,
                     # Never rewrite pod traffic to look like the host's: it stays inside.
                     "ipMasq": False,
                     "hairpinMode": True,
                     "ipam": {
                         "type": "host-local",
-                        "dataDir": str(node_dir / "cni-ipam"),
-                        "ranges": [
-                            [
-                                {
-                                    "subnet": names.node_subnet(index),
-                                    "gateway": names.node_ip(index),
-                                }
-                            ]
-                        ],
+                        "dataDir": str(ipam_dir),
+                        "ranges": [[{"subnet": subnet, "gateway": gateway}]],
                         "routes": [{"dst": "0.0.0.0/0"}],
                     },
                 },
