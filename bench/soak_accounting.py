@@ -14,8 +14,10 @@ requeued job say REQUEUED, or NODE_FAIL when a node failure ended them, and do n
 
 slurmctld's queue for slurmdbd lives in memory (written to disk only on a clean shutdown):
 a kill -9 of slurmctld between a job's end and the moment slurmdbd took its record loses the
-record's end. Such a job is named apart as Slurm's, with the kill as evidence, never counted
-as a breach; so is a job whose record a kill -9 may have duplicated."""
+record's end, and one between its submission and the hand-over loses the submission (the
+job recovered from saved state then has no record at all). Such a job is named apart as
+Slurm's, with the kill as evidence, never counted as a breach; so is a job whose record a
+kill -9 may have duplicated."""
 
 from __future__ import annotations
 
@@ -102,9 +104,12 @@ def ended_jobs(jobs: Iterable[TrackedJob]) -> list[Ended]:
         if j.ended_at is None or j.vanished_at is not None or last is None or not j.finished:
             continue
         submitted = float((last.raw.get("submit_time") or {}).get("number") or j.submitted_at)
+        # Slurm's own end time: the soak may see an end only after a slurmctld restart, long
+        # after the record of it went into the queue a kill -9 emptied.
+        end = float((last.raw.get("end_time") or {}).get("number") or j.ended_at)
         out.append(
             Ended(j.job_id, last.name, base_state(last.state), min(j.submitted_at, submitted),
-                  j.ended_at)
+                  min(j.ended_at, end) if end > 0 else j.ended_at)
         )  # fmt: skip
     return out
 
@@ -180,10 +185,22 @@ def judge(
         what = f"job {e.job_id} ({e.name}) ended {e.state} at {rel(e.ended_at)}; {wrong}"
         until = queued_until(e.ended_at, down)
         kills = [t for t in slurmctld_kills if e.ended_at - FLUSH_S <= t <= until]
+        # No record at all: its first one (the submission) may have been in the queue a kill
+        # -9 emptied; slurmctld then recovers the job from its saved state without it.
+        lost_submit = [
+            t
+            for t in slurmctld_kills
+            if not ends and e.submitted_at <= t <= queued_until(e.submitted_at, down)
+        ]
         if kills:
             out.slurms[f"job {e.job_id}"] = (
                 f"{what}: slurmctld was killed -9 at {rel(kills[0])}, while the record may "
                 "still have been in its queue for slurmdbd (in memory only)"
+            )
+        elif lost_submit:
+            out.slurms[f"job {e.job_id}"] = (
+                f"{what}: slurmctld was killed -9 at {rel(lost_submit[0])}, while the record "
+                "of its submission may still have been in its queue for slurmdbd"
             )
         else:
             out.breaches[f"job {e.job_id}"] = what

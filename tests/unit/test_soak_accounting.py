@@ -201,3 +201,30 @@ def test_the_accounting_kills_are_in_the_default_plan_and_supervised_only_where_
     assert soak_chaos.supervised(soak) == ["slurmctld", "operator"]
     soak.bed = cast(Any, FakeBed({"slurmctld": [1, 1], "slurmdbd": [3, 3], "mariadb": [4, 4]}))
     assert soak_chaos.supervised(soak) == ["slurmctld", "mariadb", "slurmdbd"]
+
+
+def test_a_submission_lost_to_a_slurmctld_kill_while_queued_is_slurms_not_a_breach() -> None:
+    # Submitted at 100.4, slurmctld killed -9 at 105: the submission's record was still in its
+    # memory; the job, recovered from saved state, ran and ended with no record at all.
+    got = judge([ended()], [], kills=[105.0])
+    assert not got.breaches
+    assert "submission" in got.slurms["job 5"]
+    # A record that exists but is wrong is not explained by a kill near the submission.
+    got = judge([ended()], [record(state="RUNNING")], kills=[105.0])
+    assert "job 5" in got.breaches
+    # Nor is a missing record when the kill came long after the submission was handed over.
+    got = judge([ended()], [], kills=[150.0])
+    assert "job 5" in got.breaches
+
+
+def test_the_end_judged_is_slurms_when_the_soak_saw_it_later() -> None:
+    j = tracked(1, ["COMPLETED"], ended_at=300.0)
+    j.last = Job.parse(
+        {"job_id": 1, "name": "soak-b1", "job_state": ["COMPLETED"],
+         "submit_time": {"number": 99}, "end_time": {"number": 180}}
+    )  # fmt: skip
+    assert acct.ended_jobs([j]) == [Ended(1, "soak-b1", "COMPLETED", 99.0, 180.0)]
+    # A record of the end lost in a kill -9 at 185, seen by the soak only at 300.
+    (e,) = acct.ended_jobs([j])
+    got = judge([e], [record(job_id=1, state="RUNNING")], kills=[185.0])
+    assert not got.breaches and "job 1" in got.slurms
