@@ -124,7 +124,7 @@ def test_qemu_runs_the_guest_emulated_on_its_tap_with_no_default_devices() -> No
     assert argv[0] == "qemu-system-x86_64"
     for flag in ("-nodefaults", "-nographic", "-no-reboot"):
         assert flag in argv
-    assert "-accel tcg,thread=multi" in line and "-enable-kvm" not in line
+    assert "-accel tcg,thread=single" in line and "-enable-kvm" not in line
     assert "-m 1024 " in line and "-smp 1 " in line
     assert "tap,id=n0,ifname=v2t0,script=no,downscript=no" in argv
     assert "virtio-net-pci,netdev=n0,mac=52:54:00:4d:00:02" in argv
