@@ -11,12 +11,13 @@ import time
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from slinky.kube import rest
-from slinky_testbed import guests
+from slinky_testbed import guests, nodes, procs
 from slinky_testbed.bed import Testbed
 from slinky_testbed.waiting import wait_for
 from tests.e2e.test_real_nodes import SERVER, container_pod, exit_code, finished, running
@@ -204,6 +205,28 @@ async def test_pods_on_the_v2_node_and_on_the_host_reach_each_other_services_and
     assert exit_code(pod) == 0, logs
     assert logs.strip() == "served by web-v2 on v2-0"
     assert await asyncio.to_thread(get, url) == "served by web-v2 on v2-0"
+
+
+async def test_a_killed_runs_guest_is_found_by_pid_in_the_beds_cgroup(
+    kube: rest.Kube, v2bed: Testbed
+) -> None:
+    """Last in this module: the run that started the guest is gone without `down`; the
+    clean-up every `up` begins with finds QEMU by PID in the test bed's system cgroup and
+    leaves nothing of the node (tap and routes go with the namespace)."""
+    state = v2bed.load()
+    qemu = procs.Proc(*state.pids["qemu-v2-0"])
+    assert qemu.alive()
+    status = Path(f"/proc/{qemu.pid}/status").read_text()
+    print("QEMU of v2-0:", *(ln for ln in status.splitlines() if ln.startswith(("VmHWM", "VmRSS"))))
+
+    async def no_pods() -> bool:  # the earlier tests' namespaces are deleted
+        pods = await kube.list(rest.PODS, params={"fieldSelector": "spec.nodeName=v2-0"})
+        return not pods["items"]
+
+    await wait_for(no_pods, timeout=120, interval=1, what="no pod left on v2-0")
+    nodes.cleanup(v2bed.names(state), v2bed.nodes_dir, log=print)
+    assert not qemu.alive()
+    assert nodes.leftovers(v2bed.names(state), v2bed.nodes_dir) == []
 
 
 def get(url: str) -> str:
