@@ -32,7 +32,7 @@ from slinky.bridge.labels import SLURM_JOBID
 from slinky.kube import rest
 from slinky.operator.nodeset.builder import LABEL_PROTECT
 from slinky.operator.resources import CLUSTERS, NODESETS
-from slinky_testbed import nodes, paths
+from slinky_testbed import nodes, paths, site
 from slinky_testbed.bed import Testbed
 from slinky_testbed.waiting import wait_for
 from tests.e2e.operator_fixtures import OperatorProcess, condition
@@ -67,7 +67,7 @@ ADMISSION_POLICY_BINDINGS = rest.Resource(
     namespaced=False,
 )
 SLURM_NODENAME = "slinky.slurm.net/slurm-nodename"
-NODE_CONFIG = "CPUs=2 RealMemory=1000"
+NODE_CONFIG = site.NODE_CONFIG
 HEALTH_MARKER = "/tmp/slinky-unhealthy"
 FAKE_GPUS = ("/dev/full", "/dev/random")
 HEALTH_CHECK = f"""#!/bin/sh
@@ -77,9 +77,7 @@ fi
 """
 
 
-def image(name: str) -> JSON:
-    repository, tag = nodes.image_ref(name).rsplit(":", 1)
-    return {"repository": repository, "tag": tag}
+image = site.image
 
 
 @dataclass
@@ -283,20 +281,15 @@ class Install:
 def bridge_chart_values(i: Install) -> JSON:
     """The bridge chart's values for the test bed: its own scheduler name, the slurm
     release's slurmrestd and JWT key, the jobs namespace managed, partition slurm-bridge."""
-    return {
-        "image": image("slinky"),
-        "sharedConfig": {
-            "schedulerName": f"{i.bridge_release}-scheduler",
-            "slurmRestApi": f"http://{i.slurm_release}-restapi.{i.slurm_ns}:6820",
-            "managedNamespaces": [i.jobs_ns],
-            "partition": "slurm-bridge",
-            # Slurm's node here is a slurmd pod, not the bridge's EXTERNAL registration:
-            # tainting the real node would evict the test bed's other pods.
-            "managedNodeTaint": {"enabled": False},
-            "slurmPollInterval": "500ms",
-        },
-        "slurmAuth": {"jwtKeySecretRef": {"name": f"{i.slurm_release}-jwt-key"}},
-    }
+    return site.bridge_values(
+        scheduler_name=f"{i.bridge_release}-scheduler",
+        restapi_url=f"http://{i.slurm_release}-restapi.{i.slurm_ns}:6820",
+        jwt_key_secret=f"{i.slurm_release}-jwt-key",
+        managed_namespaces=[i.jobs_ns],
+        # Slurm's node here is a slurmd pod, not the bridge's EXTERNAL registration:
+        # tainting the real node would evict the test bed's other pods.
+        taint_nodes=False,
+    )
 
 
 def hello_pod() -> JSON:
@@ -423,23 +416,8 @@ async def nothing_left(install: Install, namespace: str, release: str) -> None:
 
 
 async def hostpath_pv(kube: rest.Kube, name: str, path: Path, mode: str, size: str) -> None:
-    """A PV on a host directory (every real node of the test bed shares the host's file
-    system, so ReadWriteMany holds), of its own StorageClass `name`."""
-    await kube.create(
-        PVS,
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": name},
-            "spec": {
-                "storageClassName": name,
-                "capacity": {"storage": size},
-                "accessModes": [mode],
-                "persistentVolumeReclaimPolicy": "Retain",
-                "hostPath": {"path": str(path), "type": "DirectoryOrCreate"},
-            },
-        },
-    )
+    """A PV on a host directory (site.hostpath_pv), of its own StorageClass `name`."""
+    await kube.create(PVS, site.hostpath_pv(name, path, mode, size))
 
 
 @pytest.fixture

@@ -21,7 +21,6 @@ import contextlib
 import copy
 import re
 import shlex
-import subprocess
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -33,10 +32,10 @@ import pytest
 from slinky.bridge.labels import SLURM_JOBID
 from slinky.kube import rest
 from slinky_testbed import ldap, nodes
+from slinky_testbed import site as parts
 from slinky_testbed.waiting import wait_for
 from tests.e2e.test_helm import (
     CHARTS,
-    NODE_CONFIG,
     PVS,
     STATEFULSETS,
     Install,
@@ -45,7 +44,6 @@ from tests.e2e.test_helm import (
     hello_pod,
     hostpath_pv,
     idle_nodes,
-    image,
     install,
     running,
 )
@@ -55,9 +53,10 @@ pytestmark = pytest.mark.e2e
 JSON = dict[str, Any]
 ALICE_UID = 2001
 BOB_UID = 2002
-# From the directory (slapd), not the values.
-DANA = ldap.User("dana", 5001, groups=("ldapusers",))
-DIRECTORY = ldap.Directory(users=(DANA,), groups={"ldapusers": 6000})
+# From the directory (slapd), not the values: the site's (shared with `make dev`).
+DANA = parts.DANA
+DIRECTORY = parts.DIRECTORY
+keygen = parts.keygen
 KINDS = {
     "Secret": rest.SECRETS,
     "ConfigMap": rest.CONFIGMAPS,
@@ -205,14 +204,6 @@ def without_cgroups(values: JSON) -> JSON:
     return out
 
 
-def keygen(path: Path) -> str:
-    subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", path.name, "-f", str(path)],
-        check=True,
-    )
-    return path.with_suffix(".pub").read_text().strip()
-
-
 @pytest.fixture
 async def site(install: Install, tmp_path: Path) -> AsyncIterator[Site]:
     """Keys for alice and bob, volumes for MariaDB and the homes; the PVs go afterwards."""
@@ -224,20 +215,7 @@ async def site(install: Install, tmp_path: Path) -> AsyncIterator[Site]:
     await hostpath_pv(i.kube, pvs["db"], tmp_path / "mariadb", "ReadWriteOnce", "1Gi")
     homes = tmp_path / "homes"
     await hostpath_pv(i.kube, pvs["homes"], homes, "ReadWriteMany", "1Gi")
-    await i.kube.create(
-        rest.PVCS,
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": "homes"},
-            "spec": {
-                "storageClassName": pvs["homes"],
-                "accessModes": ["ReadWriteMany"],
-                "resources": {"requests": {"storage": "1Gi"}},
-            },
-        },
-        i.slurm_ns,
-    )
+    await i.kube.create(rest.PVCS, parts.homes_claim("homes", i.slurm_ns, pvs["homes"]), i.slurm_ns)
     keys["dana"] = tmp_path / "id_dana"
     for obj in ldap.manifests(i.slurm_ns, nodes.image_ref("slurm"), DIRECTORY, "ldap-e2e-pw"):
         await i.kube.create(KINDS[obj["kind"]], obj, i.slurm_ns)
@@ -254,59 +232,38 @@ async def site(install: Install, tmp_path: Path) -> AsyncIterator[Site]:
 
 
 def site_values(s: Site, public_keys: dict[str, str]) -> JSON:
+    """The site `make dev` installs too (slinky_testbed.site.slurm_values), plus users
+    from the values (alice in physics, bob in no account) and the database password from a
+    Secret."""
     i = s.i
-    return {
-        "image": {**image("slurm"), "pullPolicy": "IfNotPresent"},
-        "operator": {
-            "namespace": i.operator_ns,
-            "serviceAccountName": f"{i.operator_release}-slurm-operator",
-        },
-        "controller": {
-            "persistence": {
-                "storageClassName": i.storage_class,
-                "size": "1Gi",
-                "whenDeleted": "Delete",
+    values = parts.slurm_values(
+        namespace=i.slurm_ns,
+        operator_namespace=i.operator_ns,
+        operator_service_account=f"{i.operator_release}-slurm-operator",
+        storage_class=i.storage_class,
+        db_storage_class=f"{i.storage_class}-db",
+        homes_claim="homes",
+        directory_keys={DANA.name: public_keys[DANA.name]},
+        nodesets=[
+            {"name": "batch", "replicas": 2},
+            # The bridge's partition: a slurmd pod on the node the bridge schedules to.
+            {
+                "name": "bridge",
+                "replicas": 1,
+                "nodeSelector": {"kubernetes.io/hostname": i.bridge_node},
+                "partition": {"name": "slurm-bridge"},
             },
-            "terminationGracePeriodSeconds": 10,
-        },
-        "cleanup": {"image": image("slinky")},
-        "accounting": {
-            "enabled": True,
-            "mariadb": {
-                "enabled": True,
-                "persistence": {"storageClassName": f"{i.storage_class}-db", "size": "1Gi"},
-            },
-            "storage": {"passwordSecretRef": {"name": DB_SECRET, "key": "password"}},
-            "enforce": "associations,limits,qos",
-            "accounts": [{"name": "physics", "description": "physics group"}],
-            "users": [
-                {"name": "alice", "account": "physics"},
-                {"name": DANA.name, "account": "physics"},
-            ],
-        },
-        "login": {"enabled": True, "authorizedKeys": {DANA.name: [public_keys[DANA.name]]}},
-        "sssd": ldap.sssd_values(i.slurm_ns),
-        "users": [
-            {"name": "alice", "uid": ALICE_UID, "sshAuthorizedKeys": [public_keys["alice"]]},
-            {"name": "bob", "uid": BOB_UID, "sshAuthorizedKeys": [public_keys["bob"]]},
         ],
-        "groups": [{"name": "physics", "gid": 4000, "members": ["alice"]}],
-        "homes": {"existingClaim": "homes"},
-        "compute": {
-            "ssh": {"enabled": True},
-            "nodesetDefaults": {"nodeConfig": NODE_CONFIG, "terminationGracePeriodSeconds": 30},
-            "nodesets": [
-                {"name": "batch", "replicas": 2},
-                # The bridge's partition: a slurmd pod on the node the bridge schedules to.
-                {
-                    "name": "bridge",
-                    "replicas": 1,
-                    "nodeSelector": {"kubernetes.io/hostname": i.bridge_node},
-                    "partition": {"name": "slurm-bridge"},
-                },
-            ],
-        },
-    }
+    )
+    accounting = values["accounting"]
+    accounting["storage"] = {"passwordSecretRef": {"name": DB_SECRET, "key": "password"}}
+    accounting["users"].insert(0, {"name": "alice", "account": parts.ACCOUNT})
+    values["users"] = [
+        {"name": "alice", "uid": ALICE_UID, "sshAuthorizedKeys": [public_keys["alice"]]},
+        {"name": "bob", "uid": BOB_UID, "sshAuthorizedKeys": [public_keys["bob"]]},
+    ]
+    values["groups"] = [{"name": "physics", "gid": 4000, "members": ["alice"]}]
+    return values
 
 
 async def test_a_site_cluster_with_accounting_login_users_and_homes(site: Site) -> None:
@@ -320,7 +277,7 @@ async def test_a_site_cluster_with_accounting_login_users_and_homes(site: Site) 
     )  # fmt: skip
     await i.helm(
         "install", i.operator_release, str(CHARTS / "slurm-operator"), "-n", i.operator_ns,
-        "-f", i.values_file("operator", {"operator": {"image": image("slinky")},
+        "-f", i.values_file("operator", {"operator": {"image": parts.image("slinky")},
                                          "metricsApi": {"enabled": False}}),
         "--wait", "--timeout", "4m",
     )  # fmt: skip
@@ -499,16 +456,9 @@ async def test_a_site_cluster_with_accounting_login_users_and_homes(site: Site) 
     # The jobs namespace's pods run in Slurm as alice, charged to physics (the bridge's
     # tenancy policy): with enforcement on, a user with an association.
     bridge_values = bridge_chart_values(i)
-    bridge_values["sharedConfig"]["policy"] = {
-        "namespaces": {
-            i.jobs_ns: {
-                "users": [str(ALICE_UID)],
-                "groups": [str(ALICE_UID)],
-                "accounts": ["physics"],
-                "defaultAccount": "physics",
-            }
-        }
-    }
+    bridge_values["sharedConfig"]["policy"] = parts.tenancy_policy(
+        i.jobs_ns, ALICE_UID, parts.ACCOUNT
+    )
     await i.helm(
         "install", i.bridge_release, str(CHARTS / "slurm-bridge"), "-n", i.slurm_ns,
         "-f", i.values_file("bridge", bridge_values), "--wait", "--timeout", "4m",
