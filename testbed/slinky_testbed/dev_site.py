@@ -43,7 +43,7 @@ NODESET = f"{NAMESPACE}-compute-batch"  # the chart's name of NodeSet `batch`
 USER = s.DANA.name
 # hostPath volumes (each its own StorageClass), under <bed>/site/.
 VOLUMES = {"statesave": "ReadWriteOnce", "mariadb": "ReadWriteOnce", "homes": "ReadWriteMany"}
-FIELD_MANAGER = "slinky-dev"
+FIELD_MANAGER = dev.FIELD_MANAGER
 
 
 def work_dir(bed: Testbed) -> Path:
@@ -129,12 +129,10 @@ class Site:
         self.kubectl = dev_bridge.kubectl_for(bed)
 
     def apply(self, objects: list[JSON]) -> None:
-        """Server-side apply without force: a field someone else took stays theirs (the
-        apply fails and says which)."""
-        self.kubectl(
-            "apply", "--server-side", f"--field-manager={FIELD_MANAGER}", "-f", "-",
-            stdin=yaml.safe_dump_all(objects),
-        )  # fmt: skip
+        """Server-side apply without force, one object at a time (dev.apply_sample): a field
+        someone changed since keeps their value, and a line says so."""
+        for obj in objects:
+            dev.apply_sample(self.bed, obj)
 
     def helm(self, *args: str) -> str:
         out = subprocess.run(
@@ -169,13 +167,17 @@ class Site:
         return True
 
     def fresh_volumes(self) -> None:
-        """A cluster without `make dev`'s volumes is a new one (a test bed's etcd lives in
-        memory): the data of an earlier one (a MariaDB whose password that cluster's keys
-        hook made) goes, or the new slurmdbd could not log in."""
-        out = self.kubectl("get", "pv", pv_name("statesave"), "--ignore-not-found", "-o", "name")
-        if not out.strip():
-            for volume in VOLUMES:
-                shutil.rmtree(self.work / volume, ignore_errors=True)
+        """The data of `make dev`'s volumes belong to one cluster (a test bed's etcd lives in
+        memory: each `up` makes a new one, told by kube-system's uid). Under a new cluster
+        the data of the earlier one go (its MariaDB's password, made by that cluster's keys
+        hook, would refuse the new slurmdbd); under the same cluster nothing is touched."""
+        uid = self.kubectl("get", "namespace", "kube-system", "-o", "jsonpath={.metadata.uid}")
+        stamp = self.work / "cluster-uid"
+        if stamp.exists() and stamp.read_text() == uid.strip():
+            return
+        for volume in VOLUMES:
+            shutil.rmtree(self.work / volume, ignore_errors=True)
+        stamp.write_text(uid.strip())
 
     def volumes(self) -> None:
         self.apply(
