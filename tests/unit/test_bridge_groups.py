@@ -18,9 +18,11 @@ from slinky.bridge.groups import GANG, Group, GroupProblem, GroupResolver
 from slinky.bridge.jobwatch import JobWatch
 from slinky.bridge.labels import FINALIZER, SLURM_JOBID, SLURM_JOBID_ANNOTATION, SLURMJOB_PREFIX
 from slinky.bridge.scheduler import gang
+from slinky.bridge.scheduler import sync as sched_sync
 from slinky.bridge.workload.sync import BY_JOB, WorkloadSync, index_job
 from slinky.kube import rest
 from slinky.kube.store import Store
+from slinky.slurm import errors
 from slinky.slurm.started import SlurmctldStart
 from tests.unit.test_bridge_scheduler_sync import (
     FakeKube,
@@ -747,3 +749,41 @@ async def test_a_failed_read_of_an_owner_is_not_taken_as_the_answer_by_those_wai
     )
     assert isinstance(first, rest.ApiError)
     assert isinstance(second, Group) and second.size == 2  # read again, itself
+
+
+async def test_a_group_slurm_refuses_is_asked_again_only_after_its_backoff() -> None:
+    """Slurm refused a gang's job ("Invalid account"): each reconcile of a member (the status
+    write on the others brings them back at once) asked again at once, thousands of times,
+    until the backoff's 2**n overflowed (found by trying make dev before its policy)."""
+    sync, slurm, kube, pods = gang_setup(2)
+    asked = 0
+    said: dict[str, str] = {}
+    patch = kube.patch
+
+    async def record(res: Any, name: str, body: Any, ns: str, **kw: Any) -> Any:
+        if kw.get("subresource") == "status":
+            said[name] = body["status"]["conditions"][0]["message"]
+            return {}
+        return await patch(res, name, body, ns, **kw)
+
+    kube.patch = record
+
+    async def refuse(_desc: JSON) -> int:
+        nonlocal asked
+        asked += 1
+        raise errors.SlurmError("Invalid account or account/partition combination specified")
+
+    slurm.submit_job = refuse
+    for p in group_pods(2):
+        pods.upsert(p)
+    results = [await sync.reconcile(f"ns/g-{i % 2}") for i in range(50)]
+    assert asked == 1
+    assert all(r.requeue_after and r.requeue_after > 0 for r in results[1:])
+    # Both members say the same thing (two wordings made each write bring the other back).
+    assert set(said) == {"g-0", "g-1"} and len(set(said.values())) == 1
+    # Long refused: the backoff stays at its maximum, never overflows.
+    sync.rejections["u0"] = 5000
+    for uid in ("u0", "u1"):
+        sync.not_before.pop(uid, None)
+    result = await sync.reconcile("ns/g-0")
+    assert asked == 2 and result.requeue_after == sched_sync.REJECT_BACKOFF_MAX_S

@@ -1268,3 +1268,24 @@ async def test_a_job_id_slurm_gives_again_after_a_restart_is_the_new_jobs() -> N
     await sync.reconcile("ns/p")
     assert kube.bound == {"ns/p": "n2"}
     assert list(slurm.jobs) == [old] and slurm.cancelled == []
+
+
+async def test_a_pod_slurm_refused_is_not_asked_again_before_its_backoff_whatever_comes() -> None:
+    sync, slurm, _kube, pods = setup()
+    asked = 0
+
+    async def refuse(_desc: JSON) -> int:
+        nonlocal asked
+        asked += 1
+        raise errors.SlurmError("Invalid account or account/partition combination specified")
+
+    slurm.submit_job = refuse  # type: ignore[method-assign]
+    pods.upsert(make_pod("p", "u1"))
+    first = await sync.reconcile("ns/p")
+    again = await sync.reconcile("ns/p")  # its status write came back as an event
+    assert asked == 1
+    assert first.requeue_after and again.requeue_after
+    assert 0 < again.requeue_after <= first.requeue_after
+    sync.not_before["u1"] = 0.0  # the backoff is over
+    await sync.reconcile("ns/p")
+    assert asked == 2 and sync.rejections["u1"] == 2

@@ -190,6 +190,9 @@ class GangScheduler:
             return DONE  # a node change brings the pods back
         for m in members:
             sync.unfit.discard(placeholder.pod_key(m))
+        uids = [str(m["metadata"]["uid"]) for m in members]
+        if (wait := sync.backing_off(uids)) is not None:
+            return Result(requeue_after=wait)
         if excluded:
             desc["excluded_nodes"] = sorted(excluded)
         try:
@@ -206,11 +209,8 @@ class GangScheduler:
             await sync.cannot_ask(pod, e)
             raise
         except errors.SlurmError as e:
-            message = f"Slurm refused the placeholder job: {e}"
-            for m in members:
-                if m is not pod:
-                    await podcontrol.set_unschedulable(sync.kube, m, "SlurmRejected", message)
-            return await sync.rejected(pod, e)
+            return await sync.rejected(pod, e, [m for m in members if m is not pod])
+        sync.accepted(uids)
         sync.ledger.made(
             job_id, [(placeholder.pod_key(m), str(m["metadata"]["uid"])) for m in members]
         )

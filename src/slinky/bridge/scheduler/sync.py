@@ -39,7 +39,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
 from slinky.bridge import constraints, groups, placeholder, podcontrol
 from slinky.bridge.config import BridgeConfig
@@ -81,6 +81,7 @@ CANCEL_RETRY_S = 10.0
 REFUSED_USER_S = 300.0
 DEMAND_KEY = "bridge-scheduler"
 REJECT_BACKOFF_MAX_S = 300.0
+REJECT_DOUBLINGS = 16  # 2 s doubled this often is past the maximum: no larger power
 NO_NODE_RECHECK_S = 5.0
 # How long a pod waits at most for pods of higher priority in flight to ask first (`turn`).
 TURN_WAIT_S = 1.0
@@ -147,8 +148,11 @@ class SchedulerSync:
         # Which job was made for which pod, who waits on which job, what is uncertain,
         # what is owed a cancel: see `ledger`. Single pods and groups share it.
         self.ledger = Ledger()
-        # Pod UID -> how many times Slurm refused its job in a row (the backoff).
+        # Pod UID -> how many times Slurm refused its job in a row (the backoff), and the
+        # monotonic time before which it is not asked again, whatever brings the pod back
+        # (a status write, a gang member's reconcile).
         self.rejections: dict[str, int] = {}
+        self.not_before: dict[str, float] = {}
         # Pods no managed node can take: looked at again when nodes change.
         self.unfit: set[str] = set()
         PODS_PENDING.set_function(lambda: self.ledger.waiting_count() + len(self.unfit))
@@ -430,6 +434,8 @@ class SchedulerSync:
                 )
             return DONE  # a node change brings it back
         self.unfit.discard(key)
+        if (wait := self.backing_off([uid])) is not None:
+            return Result(requeue_after=wait)
         if where.excluded:
             desc["excluded_nodes"] = where.excluded
         try:
@@ -450,7 +456,7 @@ class SchedulerSync:
         except errors.SlurmError as e:
             return await self.rejected(pod, e)
         self.ledger.made(job_id, [(key, uid)])
-        self.rejections.pop(uid, None)
+        self.accepted([uid])
         age = pod_age(pod)
         if age is not None:
             SUBMIT_LATENCY.observe(age)
@@ -687,19 +693,40 @@ class SchedulerSync:
         with contextlib.suppress(errors.SlurmError):
             await self.watch.read(job_id)
 
-    async def rejected(self, pod: JSON, e: errors.SlurmError) -> Result:
-        """Slurm refused the job: say so on the pod and try again later (the partition may
-        be created, the limit raised); no job was made, so none is left behind."""
+    async def rejected(
+        self, pod: JSON, e: errors.SlurmError, others: Sequence[JSON] = ()
+    ) -> Result:
+        """Slurm refused the job of `pod` (and of the `others` of its group): say so on each
+        pod and try again later (the partition may be created, the limit raised); no job
+        was made, so none is left behind."""
         uid = str(pod["metadata"]["uid"])
         message = f"Slurm refused the placeholder job: {slurm_message(e)}"
         SLURM_ERRORS.labels("SlurmRejected").inc()
+        for other in others:
+            await podcontrol.set_unschedulable(self.kube, other, "SlurmRejected", message)
         if await podcontrol.set_unschedulable(self.kube, pod, "SlurmRejected", message):
             self.recorder.event(pod, events.WARNING, "SlurmRejected", message, action="Schedule")
         n = self.rejections.get(uid, 0)
-        self.rejections[uid] = n + 1
-        delay = min(REJECT_BACKOFF_S * 2**n, REJECT_BACKOFF_MAX_S)
+        delay = REJECT_BACKOFF_S * 2 ** min(n, REJECT_DOUBLINGS)
+        delay = min(delay, REJECT_BACKOFF_MAX_S)
+        uids = [uid, *(str(o["metadata"]["uid"]) for o in others)]
+        for u in uids:
+            self.rejections[u] = n + 1
+            self.not_before[u] = time.monotonic() + delay
         log.info("pod %s: %s; trying again in %.0fs", placeholder.pod_key(pod), message, delay)
         return Result(requeue_after=delay)
+
+    def backing_off(self, uids: Iterable[str]) -> float | None:
+        """Seconds until the pods `uids` may be asked for again after Slurm refused their
+        job, or None when they may now."""
+        now = time.monotonic()
+        wait = max((self.not_before.get(u, now) - now for u in uids), default=0.0)
+        return wait if wait > 0 else None
+
+    def accepted(self, uids: Iterable[str]) -> None:
+        for u in uids:
+            self.rejections.pop(u, None)
+            self.not_before.pop(u, None)
 
     def placement(self, pod: JSON, partition: str) -> constraints.Placement:
         """The partition's Slurm nodes (Slurm informer cache), split by the pod's constraints."""
