@@ -43,6 +43,8 @@ CGROUP_LABEL = "testbed.slinky.slurm.net/cgroup"
 CGROUP_LABEL_VALUE = "v2"
 KUBELET_LABEL_VALUE = "qemu"
 DEFAULT_MEMORY_MIB = 1536
+# The kubelet's podPidsLimit on the guests.
+POD_PIDS_LIMIT = 1024
 DEFAULT_CPUS = 2
 # Boot under TCG plus a kubelet's first registration: ~1 min on a quiet machine.
 READY_TIMEOUT_S = 300.0
@@ -56,6 +58,8 @@ CONFIG = Path("/etc/slinky")
 GUEST_RUNC = Path("/usr/local/bin/runc")
 GUEST_CNI_BIN = Path("/opt/cni/bin")
 GUEST_CONTAINERD_ROOT = Path("/var/lib/containerd")
+# The guests' containerd runtime handler whose containers get a writable, delegated cgroup.
+CGROUP_WRITABLE_HANDLER = "runc-cgroup-writable"
 
 
 class GuestError(RuntimeError):
@@ -196,6 +200,9 @@ def kubelet_config(net: GuestNet) -> str:
         "fileCheckFrequency": "0s",
         "httpCheckFrequency": "0s",
         "maxPods": 110,
+        # A pod's processes and threads together, its jobs' included (Slurm has no per-job
+        # pids limit): a fork bomb in one pod cannot exhaust the guest's PIDs.
+        "podPidsLimit": POD_PIDS_LIMIT,
         "containerLogMaxSize": "1Mi",
         "shutdownGracePeriod": "0s",
     }
@@ -221,13 +228,28 @@ def kube_proxy_config(names: nodes.Names, net: GuestNet, name: str) -> str:
 
 def containerd_config() -> str:
     """The guest's containerd: socket and state under /run/containerd, its root the second
-    disk (images already there), runc and the CNI plugins from the root disk."""
-    return nodes.containerd_config(
-        Path("/run"),
-        GUEST_CONTAINERD_ROOT,
-        GUEST_CNI_BIN,
-        cni_conf=CONFIG / "cni",
-        runc=GUEST_RUNC,
+    disk (images already there), runc and the CNI plugins from the root disk. A second runtime
+    handler, CGROUP_WRITABLE_HANDLER, is runc with containerd 2.1's `cgroup_writable`: the
+    container's /sys/fs/cgroup is mounted read-write and, in a pod with its own user namespace
+    (hostUsers: false), runc hands the container's cgroup to the namespace's root (a delegated
+    subtree; the pod's limits stay the host's). A pod asks for it with the RuntimeClass of
+    that name (docs/isolation.md, "What slurmd needs on cgroup v2")."""
+    return (
+        nodes.containerd_config(
+            Path("/run"),
+            GUEST_CONTAINERD_ROOT,
+            GUEST_CNI_BIN,
+            cni_conf=CONFIG / "cni",
+            runc=GUEST_RUNC,
+        )
+        + f"""
+[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.{CGROUP_WRITABLE_HANDLER}]
+  runtime_type = "io.containerd.runc.v2"
+  cgroup_writable = true
+  [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.{CGROUP_WRITABLE_HANDLER}.options]
+    BinaryName = "{GUEST_RUNC}"
+    SystemdCgroup = false
+"""
     )
 
 
