@@ -262,10 +262,15 @@ async def test_without_a_partition_of_its_own_the_pod_goes_at_once() -> None:
     assert slurm.writes == [("pod", "cpu-0")]  # the pod's preStop deletes the Slurm node
 
 
-async def test_a_write_naming_a_node_slurm_lost_is_filtered_by_a_live_read() -> None:
-    # The informer still shows cpu-1, which someone deleted since its poll.
+async def test_a_write_naming_a_node_slurm_lost_is_filtered_by_a_live_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = Clock(monkeypatch)
     slurm = Slurm([slurm_node("cpu-0", ["IDLE"]), slurm_node("cpu-1", ["IDLE"])], "cpu-0")
     bed = Bed(slurm, [a_pod("cpu-0"), a_pod("cpu-1")], shown="cpu-0")
+    await bed.partitions.sync(bed.ctx, bed.view())  # cpu-1 waits to join (joins.py)
+    clock.now += partition.STATE_SAVE_S
+    # The informer still shows cpu-1, which someone deleted since its poll.
     del slurm.nodes["cpu-1"]
     outcome = await bed.partitions.sync(bed.ctx, bed.view())
     assert outcome is not None and outcome.ok, outcome
@@ -319,9 +324,11 @@ def restarted(bed: Bed) -> Bed:
     return bed
 
 
-async def test_after_a_restart_a_drained_pod_waits_from_the_write_it_makes(
+async def test_after_a_restart_nothing_is_written_before_the_first_partition_list(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """Which nodes the partition names is not known yet, so neither is which of the others
+    must wait to join (joins.py): the drained pod waits for the list, then its write."""
     clock = Clock(monkeypatch)
     slurm = Slurm(
         [slurm_node("cpu-0", ["IDLE"]), slurm_node("cpu-1", ["IDLE", "DRAIN"])], "cpu-[0-1]"
@@ -329,9 +336,12 @@ async def test_after_a_restart_a_drained_pod_waits_from_the_write_it_makes(
     bed = restarted(Bed(slurm, [a_pod("cpu-0"), a_pod("cpu-1", condemned="scale-in")], shown=None))
     view = bed.view()
     assert await scalein.remove_all(bed.ctx, view, [bed.pods["cpu-1"]], "scale-in", "r")
-    assert slurm.writes == [("partition", "cpu-0")], "not known: taken out to be sure"
-    clock.now += partition.STATE_SAVE_S - 1
+    assert slurm.writes == [] and view.recheck == [partition.RETRY_S]
     bed.informer.partitions_synced = True
+    bed.show_nodes("cpu-[0-1]")
+    assert await scalein.remove_all(bed.ctx, bed.view(), [bed.pods["cpu-1"]], "scale-in", "r")
+    assert slurm.writes == [("partition", "cpu-0")], "cpu-0 stays: the partition names it"
+    clock.now += partition.STATE_SAVE_S - 1
     bed.show_nodes("cpu-[0-1]")  # a list asked for before the write
     assert await scalein.remove_all(bed.ctx, bed.view(), [bed.pods["cpu-1"]], "scale-in", "r")
     assert slurm.writes == [("partition", "cpu-0")]
@@ -347,10 +357,15 @@ async def test_a_nodeset_deleted_across_a_restart_takes_its_nodes_out_first(
     clock = Clock(monkeypatch)
     slurm = Slurm([slurm_node("cpu-0", ["IDLE", "DRAIN"])], "cpu-0")
     bed = restarted(Bed(slurm, [a_pod("cpu-0", condemned="nodeset deleted")], shown=None))
-    for _ in range(2):
+    for _ in range(3):
         view = bed.view()
         view.obj["metadata"]["deletionTimestamp"] = "2026-12-01T00:00:00Z"
         await scalein.remove_all(bed.ctx, view, list(view.active.values()), "nodeset deleted", "r")
+        if not bed.informer.partitions_synced:
+            assert slurm.writes == []  # the first list is waited for
+            bed.informer.partitions_synced = True
+            bed.show_nodes("cpu-0")
+            continue
         clock.now += partition.STATE_SAVE_S
     assert slurm.writes == [("partition", ""), ("delete", "cpu-0"), ("pod", "cpu-0")]
 
@@ -366,9 +381,12 @@ async def test_a_departed_node_after_a_restart_is_taken_out_then_deleted_in_time
     sync.partitions = bed.partitions
     sync.ctx = bed.ctx
     await sync.forget_departed(bed.view())
+    assert slurm.writes == []  # the first list is waited for
+    bed.informer.partitions_synced = True
+    bed.show_nodes("cpu-[0-1]")
+    await sync.forget_departed(bed.view())
     assert slurm.writes == [("partition", "cpu-0")]
     clock.now += partition.STATE_SAVE_S / 2
-    bed.informer.partitions_synced = True
     bed.show_nodes("cpu-0")
     await sync.forget_departed(bed.view())
     assert slurm.writes == [("partition", "cpu-0")]
@@ -392,11 +410,16 @@ async def test_a_node_slurm_put_back_waits_again_from_its_next_removal(
     assert view.recheck == [partition.STATE_SAVE_S]
 
 
-async def test_options_slurm_refuses_do_not_keep_a_node_in_the_partition() -> None:
+async def test_options_slurm_refuses_do_not_keep_a_node_in_the_partition(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A partition Slurm may have lost is written whole; refused (an unknown topology), its
     nodes are written alone."""
+    Clock(monkeypatch)
     slurm = Slurm([slurm_node("cpu-0", ["IDLE"]), slurm_node("cpu-1", ["IDLE", "DRAIN"])], "")
-    bed = restarted(Bed(slurm, [a_pod("cpu-0"), a_pod("cpu-1")], shown=None))
+    bed = Bed(slurm, [a_pod("cpu-0"), a_pod("cpu-1")], shown="cpu-[0-1]")
+    await bed.partitions.sync(bed.ctx, bed.view())  # as wanted: nothing written
+    bed.show_nodes(None)  # slurmctld lost the partition
     whole = slurm.handler
 
     def no_topology(req: httpx2.Request) -> httpx2.Response:

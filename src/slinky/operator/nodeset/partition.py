@@ -5,10 +5,11 @@ With `spec.partition.enabled` the operator keeps a Slurm partition named after t
 `POST /partitions/`:
 
 - its node list is the NodeSet's pods that are registered in Slurm and stay (`members`: not
-  condemned, not being deleted). A partition with no nodes is fine: Slurm queues jobs on it,
-  reason `PartitionConfig`, so `replicas: 0` keeps the partition and jobs submitted to it
-  stay PENDING until nodes come. A node taken out keeps running its jobs (Slurm changes no
-  running job when a partition's nodes change);
+  condemned, not being deleted), each joining only once slurmctld has saved its node
+  (`joins.py`: a registration alone is not saved). A partition with no nodes is fine:
+  Slurm queues jobs on it, reason `PartitionConfig`, so `replicas: 0` keeps the partition
+  and jobs submitted to it stay PENDING until nodes come. A node taken out keeps running
+  its jobs (Slurm changes no running job when a partition's nodes change);
 - a Slurm node leaves the partition before its record is deleted, and the record is deleted
   only `STATE_SAVE_S` after that (`release`, `record_free_in`). slurmctld saves its node and
   partition state in separate files, each written some seconds after a change, and a start
@@ -44,6 +45,7 @@ Problems are reported on the NodeSet condition `PartitionReady`; nothing is dele
 from __future__ import annotations
 
 import logging
+import math
 import re
 import time
 from collections.abc import Callable, Iterable
@@ -52,7 +54,8 @@ from typing import Any
 
 from slinky.kube import conditions, events, rest
 from slinky.operator.nodeset import builder, pods
-from slinky.operator.nodeset.view import Context, View
+from slinky.operator.nodeset.joins import Joins
+from slinky.operator.nodeset.view import Context, View, claimant
 from slinky.operator.resources import NODESETS
 from slinky.slurm import errors
 from slinky.slurm.models import Job, Partition, csv, expand_hostlist
@@ -286,6 +289,7 @@ class Outcome:
     ok: bool
     reason: str
     message: str
+    recheck: float | None = None  # seconds until a node waiting to join may
 
 
 class Partitions:
@@ -302,6 +306,7 @@ class Partitions:
         self._written: dict[str, frozenset[str]] = {}
         self._left: dict[str, dict[str, float]] = {}
         self._wrote_at: dict[str, float] = {}  # monotonic, of that last write
+        self._joins = Joins()
 
     def claimed(self, view: View) -> str | None:
         return claimed_by(view.obj)
@@ -338,7 +343,8 @@ class Partitions:
         if not informer.partitions_synced:
             # The first list is on its way; its events bring this NodeSet back.
             return Outcome(False, "SlurmNotReady", f"partition {name}: reading Slurm's partitions")
-        body: JSON = {"name": name, **config, "nodes": {"configured": ",".join(members(view))}}
+        nodes, joining_in = self._members(view, name)
+        body: JSON = {"name": name, **config, "nodes": {"configured": ",".join(nodes)}}
         existing = informer.partitions.get(name)
         if existing is not None and claimed is None:
             return Outcome(
@@ -354,7 +360,7 @@ class Partitions:
             self._seen.add(seen)
             if matches(body, existing.raw) and not self._vanished(view, uid):
                 self._observed(uid, named_by(existing.nodes))
-                return Outcome(True, "PartitionReady", self._message(body))
+                return Outcome(True, "PartitionReady", self._message(body, joining_in), joining_in)
         if claimed is None:
             await self._claim(ctx, view, name)
         try:
@@ -380,7 +386,21 @@ class Partitions:
                 f"Slurm partition {name} {what}",
             )
             log.info("nodeset %s: Slurm partition %s %s", view.key, name, what)
-        return Outcome(True, "PartitionReady", self._message(body))
+        return Outcome(True, "PartitionReady", self._message(body, joining_in), joining_in)
+
+    def _members(self, view: View, name: str) -> tuple[list[str], float | None]:
+        """`members`, less those not yet saved by slurmctld (`joins.py`), and the seconds
+        until the next of those may join."""
+        assert view.conn is not None
+        uid = str(view.obj["metadata"]["uid"])
+        listed = view.conn.informer.partitions.get(name)
+        inside = set(self._written.get(uid, ())) | named_by(listed.nodes if listed else "")
+        candidates: dict[str, bool] = {}
+        for node in members(view):
+            slurm_node = view.slurm_node(view.active[node])
+            comment = slurm_node.comment if slurm_node is not None else ""
+            candidates[node] = claimant(comment) == (view.namespace, node)
+        return self._joins.admit(uid, candidates, inside, time.monotonic())
 
     async def _put(self, view: View, body: JSON, existing: Partition | None) -> None:
         """Write the partition. Its node list names only nodes Slurm has: when Slurm says a
@@ -429,6 +449,7 @@ class Partitions:
         """The NodeSet is gone, its partition deleted: nothing more to remember."""
         for book in (self._written, self._left, self._wrote_at):
             book.pop(uid, None)
+        self._joins.forget(uid)
 
     def _vanished(self, view: View, uid: str) -> bool:
         """A node of our last write that Slurm no longer has (someone deleted it while it
@@ -484,9 +505,15 @@ class Partitions:
         if self.claimed(view) is None or view.conn is None:
             return {n: self.record_free_in(view, n) for n in names}
         if any(self.record_free_in(view, n) is None for n in names):
+            if not view.conn.informer.partitions_synced:
+                # After a restart, before the first list: which nodes are in the partition
+                # (and so need not wait to join, joins.py) is not known; the list is asked
+                # for (`record_free_in`) and its event brings the NodeSet back.
+                return dict.fromkeys(names, None)
             name = str(self.claimed(view))
             existing = view.conn.informer.partitions.get(name)
-            body: JSON = {"name": name, "nodes": {"configured": ",".join(members(view))}}
+            nodes, _ = self._members(view, name)
+            body: JSON = {"name": name, "nodes": {"configured": ",".join(nodes)}}
             try:
                 await self._put(view, self._whole(view, body, existing), existing)
             except errors.SlurmError as e:
@@ -512,9 +539,12 @@ class Partitions:
             return body
 
     @staticmethod
-    def _message(body: JSON) -> str:
+    def _message(body: JSON, joining_in: float | None = None) -> str:
         nodes = body["nodes"]["configured"]
-        return f"Slurm partition {body['name']}: nodes {nodes or '(none yet)'}"
+        out = f"Slurm partition {body['name']}: nodes {nodes or '(none yet)'}"
+        if joining_in is not None:
+            out += f"; new nodes join in {math.ceil(joining_in)}s, once slurmctld has saved them"
+        return out
 
     async def _claim(self, ctx: Context, view: View, name: str) -> None:
         """Mark the partition as this NodeSet's before creating it, so a crash between the

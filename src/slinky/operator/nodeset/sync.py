@@ -308,6 +308,8 @@ class NodeSetSync:
             )
             if not outcome.ok:
                 requeue.append(partition.RETRY_S)
+            if outcome.recheck is not None:
+                requeue.append(outcome.recheck)
         requeue += await status.write_status(self.ctx, view)
         requeue += view.recheck
         return Result(requeue_after=min(requeue)) if requeue else DONE
