@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from slinky.operator.nodeset import partition
+from slinky.operator.nodeset.joins import JOIN_AFTER_S
 from tests.unit.test_nodeset_partition_leave import Bed, Clock, Slurm, a_pod, slurm_node
 
 
@@ -30,9 +30,9 @@ async def test_a_new_node_joins_only_once_its_comment_write_has_had_time_to_be_s
     slurm.nodes["cpu-1"] = slurm_node("cpu-1", ["IDLE"])  # the operator's comment write
     bed.show_nodes("cpu-0")
     outcome = await bed.partitions.sync(bed.ctx, bed.view())
-    assert outcome is not None and outcome.recheck == partition.STATE_SAVE_S
-    assert "new nodes join in 10s" in outcome.message
-    clock.now += partition.STATE_SAVE_S - 1
+    assert outcome is not None and outcome.recheck == JOIN_AFTER_S
+    assert "new nodes join in 2s" in outcome.message
+    clock.now += JOIN_AFTER_S - 1
     outcome = await bed.partitions.sync(bed.ctx, bed.view())
     assert slurm.writes == [] and outcome is not None and outcome.recheck == 1.0
 
@@ -63,7 +63,7 @@ async def test_a_node_registered_again_under_a_name_the_partition_had_waits_too(
     bed.show_nodes("cpu-0")
     await bed.partitions.sync(bed.ctx, bed.view())
     assert slurm.writes == [("partition", "cpu-0")]
-    clock.now += partition.STATE_SAVE_S
+    clock.now += JOIN_AFTER_S
     await bed.partitions.sync(bed.ctx, bed.view())
     assert slurm.writes == [("partition", "cpu-0"), ("partition", "cpu-0,cpu-1")]
 

@@ -25,6 +25,7 @@ from slinky.api.v1alpha1.nodeset import NodeSetSpec
 from slinky.operator.clients import Connection
 from slinky.operator.nodeset import partition, scalein
 from slinky.operator.nodeset.builder import ANNOTATION_CONDEMNED
+from slinky.operator.nodeset.joins import JOIN_AFTER_S
 from slinky.operator.nodeset.partition import ANNOTATION_PARTITION, Partitions, members
 from slinky.operator.nodeset.sync import NodeSetSync
 from slinky.operator.nodeset.view import View
@@ -269,7 +270,7 @@ async def test_a_write_naming_a_node_slurm_lost_is_filtered_by_a_live_read(
     slurm = Slurm([slurm_node("cpu-0", ["IDLE"]), slurm_node("cpu-1", ["IDLE"])], "cpu-0")
     bed = Bed(slurm, [a_pod("cpu-0"), a_pod("cpu-1")], shown="cpu-0")
     await bed.partitions.sync(bed.ctx, bed.view())  # cpu-1 waits to join (joins.py)
-    clock.now += partition.STATE_SAVE_S
+    clock.now += JOIN_AFTER_S
     # The informer still shows cpu-1, which someone deleted since its poll.
     del slurm.nodes["cpu-1"]
     outcome = await bed.partitions.sync(bed.ctx, bed.view())

@@ -8,12 +8,20 @@ partition"). Soak seed 17: a rolled pod's new node was written into its partitio
 before the operator wrote the node's comment, and for 5.6 s the files on disk were ones
 slurmctld could not start from.
 
-So a node joins only `STATE_SAVE_S` after it was first seen carrying its pod's identity
-comment: the operator's write of that comment (`mirror`) is a node update, which asks for a
-node save, and slurmctld's state thread writes within SAVE_MAX_WAIT (5 s) of that. A node
-already in the partition (our last write, or Slurm's listing) when this process first sees
-it stays; one seen without the comment is a new registration (its earlier record was
-deleted: the partition's mention of it is the old record's), and waits like any other.
+So a node joins only `JOIN_AFTER_S` after it was first seen carrying its pod's identity
+comment. The operator's write of that comment (`mirror`) is a node update, and slurmctld
+asks for a node save after each one (`_slurm_rpc_update_node`, after its answer). Its state
+thread saves, in one pass, jobs, then nodes, then partitions, each when asked for since
+its last pass; the node record exists from the registration on, so any node save after the
+comment write holds it. The first partition save after our partition write comes in a pass
+whose node phase either follows the comment write's request (the node is saved first) or
+precedes it; the latter needs the pass to go from its node phase to its partition phase
+(microseconds of code between two file writes) across the whole `JOIN_AFTER_S` that
+separates the two writes. Waiting for the node save itself (up to SAVE_MAX_WAIT, 5 s, and a
+pass) would cost every scale-out that much more for no more safety.
+A node already in the partition (our last write, or Slurm's listing) when this process
+first sees it stays; one seen without the comment is a new registration (its earlier record
+was deleted: the partition's mention of it is the old record's), and waits like any other.
 Nothing is admitted from an unknown view: `Partitions.release` writes nothing before the
 first partition list after a restart.
 """
@@ -23,8 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Set
 
-from slinky.operator.nodeset.builder import STATE_SAVE_S
-
+JOIN_AFTER_S = 2.0
 UNCLAIMED = math.inf  # seen without our comment: its wait starts when the comment comes
 
 
@@ -49,12 +56,12 @@ class Joins:
             if not claimed:
                 book[name] = UNCLAIMED
             elif since is None and name in inside:
-                book[name] = now - STATE_SAVE_S  # saved already: the partition names it
+                book[name] = now - JOIN_AFTER_S  # saved already: the partition names it
                 joined.append(name)
             else:
                 if since is None or since == UNCLAIMED:
                     since = book[name] = now
-                left = since + STATE_SAVE_S - now
+                left = since + JOIN_AFTER_S - now
                 if left <= 0:
                     joined.append(name)
                 else:
