@@ -16,7 +16,10 @@ KERNEL_PACKAGE="${KERNEL_PACKAGE:-linux-image-6.12.117+deb13-amd64}"
 KERNEL_VERSION="${KERNEL_VERSION:-6.12.117-1}"
 SUITE="${GUEST_SUITE:-trixie}"
 MIRROR="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
-PACKAGES="iproute2,nftables,conntrack,mount,util-linux,kmod,procps,iputils-ping,tini,libseccomp2"
+# crun: the runtime of the guests' second containerd handler (slinky_testbed.guests), which
+# hands a user-namespaced container its cgroup (runc with the cgroupfs driver leaves it the
+# host root's).
+PACKAGES="iproute2,nftables,conntrack,mount,util-linux,kmod,procps,iputils-ping,tini,libseccomp2,crun"
 CACHE="${SLINKY_CACHE:-$HOME/.cache/slinky}"
 BIN="$CACHE/bin"
 NODE="$CACHE/node"

@@ -58,8 +58,10 @@ CONFIG = Path("/etc/slinky")
 GUEST_RUNC = Path("/usr/local/bin/runc")
 GUEST_CNI_BIN = Path("/opt/cni/bin")
 GUEST_CONTAINERD_ROOT = Path("/var/lib/containerd")
-# The guests' containerd runtime handler whose containers get a writable, delegated cgroup.
-CGROUP_WRITABLE_HANDLER = "runc-cgroup-writable"
+# The guests' containerd runtime handler whose containers get a writable cgroup, delegated to
+# the pod's user namespace (crun, Debian's package on the root disk).
+CGROUP_WRITABLE_HANDLER = "delegated-cgroup"
+GUEST_CRUN = Path("/usr/bin/crun")
 
 
 class GuestError(RuntimeError):
@@ -229,11 +231,12 @@ def kube_proxy_config(names: nodes.Names, net: GuestNet, name: str) -> str:
 def containerd_config() -> str:
     """The guest's containerd: socket and state under /run/containerd, its root the second
     disk (images already there), runc and the CNI plugins from the root disk. A second runtime
-    handler, CGROUP_WRITABLE_HANDLER, is runc with containerd 2.1's `cgroup_writable`: the
+    handler, CGROUP_WRITABLE_HANDLER, runs crun with containerd 2.1's `cgroup_writable`: the
     container's /sys/fs/cgroup is mounted read-write and, in a pod with its own user namespace
-    (hostUsers: false), runc hands the container's cgroup to the namespace's root (a delegated
-    subtree; the pod's limits stay the host's). A pod asks for it with the RuntimeClass of
-    that name (docs/isolation.md, "What slurmd needs on cgroup v2")."""
+    (hostUsers: false), crun makes the namespace's root the owner of the container's cgroup (a
+    delegated subtree; the resource files, the pod's limits, stay the host's). runc with the
+    cgroupfs driver mounts it read-write but keeps it the host's (measured: docs/isolation.md,
+    "What slurmd needs on cgroup v2"). A pod asks for it with a RuntimeClass of that handler."""
     return (
         nodes.containerd_config(
             Path("/run"),
@@ -247,7 +250,7 @@ def containerd_config() -> str:
   runtime_type = "io.containerd.runc.v2"
   cgroup_writable = true
   [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.{CGROUP_WRITABLE_HANDLER}.options]
-    BinaryName = "{GUEST_RUNC}"
+    BinaryName = "{GUEST_CRUN}"
     SystemdCgroup = false
 """
     )

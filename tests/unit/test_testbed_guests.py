@@ -8,6 +8,7 @@ import ipaddress
 import json
 import os
 import shlex
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -160,3 +161,29 @@ def test_v2_nodes_without_a_real_node_are_refused_naming_both(tmp_path: Path) ->
         bed.TestbedError, match=r"2 v2 nodes asked for with no real node.*--nodes 1"
     ):
         bed.Testbed(tmp_path / "bed").up(real_nodes=0, v2_nodes=2, log=lambda _m: None)
+
+
+def test_the_guest_containerd_has_a_handler_delegating_the_cgroup_to_a_user_namespace() -> None:
+    """runc stays the default; the second handler runs crun with containerd's cgroup_writable
+    (docs/isolation.md, "What slurmd needs on cgroup v2")."""
+    cri = tomllib.loads(guests.containerd_config())["plugins"]["io.containerd.cri.v1.runtime"]
+    assert cri["containerd"]["default_runtime_name"] == "runc"
+    runtimes = cri["containerd"]["runtimes"]
+    assert runtimes["runc"]["options"]["BinaryName"] == "/usr/local/bin/runc"
+    assert "cgroup_writable" not in runtimes["runc"]
+    delegated = runtimes[guests.CGROUP_WRITABLE_HANDLER]
+    assert guests.CGROUP_WRITABLE_HANDLER == "delegated-cgroup"
+    assert delegated["cgroup_writable"] is True
+    assert delegated["runtime_type"] == "io.containerd.runc.v2"
+    assert delegated["options"] == {"BinaryName": "/usr/bin/crun", "SystemdCgroup": False}
+
+
+def test_the_guest_root_disk_holds_crun_and_its_stamp_follows_the_package_list() -> None:
+    """build-guest.sh installs Debian's crun (the handler's binary) and rebuilds the root disk
+    when its package list changes: the list is in the Debian tarball's stamp, which is in the
+    root disk's."""
+    script = (Path(__file__).parents[2] / "hack" / "build-guest.sh").read_text()
+    packages = next(ln for ln in script.splitlines() if ln.startswith("PACKAGES="))
+    assert "crun" in packages.split('"')[1].split(",")
+    assert 'local want="$SUITE $PACKAGES"' in script
+    assert 'want="$(cat "$G/debian.tar.version")' in script
