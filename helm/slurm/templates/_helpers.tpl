@@ -152,11 +152,13 @@ priorityClassName: {{ . }}
 {{- /*
 The slurmd container's securityContext (YAML; empty: none): the entry's, plus the capability
 SYS_ADMIN when jobs are isolated by cgroups (slurmd makes their cgroups below its own; the
-image's entrypoint remounts its cgroup writable). A privileged container has it already.
+image's entrypoint remounts its cgroup writable). A privileged container has it already; in
+a pod with its own user namespace (hostUsers false) it would count there only, and slurmd
+needs none in a cgroup the runtime delegated to it.
 */ -}}
 {{- define "slurm.slurmdSecurityContext" -}}
 {{- $sc := deepCopy (default dict .nodeset.securityContext) }}
-{{- if and (eq .root.Values.slurmConfig.jobIsolation "cgroup") (not $sc.privileged) }}
+{{- if and (eq .root.Values.slurmConfig.jobIsolation "cgroup") (not $sc.privileged) (ne (toString .nodeset.hostUsers) "false") }}
 {{- $caps := deepCopy (default dict $sc.capabilities) }}
 {{- $add := default list $caps.add }}
 {{- if not (or (has "SYS_ADMIN" $add) (has "CAP_SYS_ADMIN" $add)) }}
