@@ -813,7 +813,11 @@ def test_gres_types_and_gres_conf_reach_slurmctld_and_the_operator_maps_gpus() -
     assert "GresTypes=gpu,widget" in slurm_conf(objs)
     assert one(objs, "ConfigMap", "slurm-config")["data"]["gres.conf"].strip() == "AutoDetect=nvml"
     init = one(objs, "StatefulSet")["spec"]["template"]["spec"]["initContainers"][0]
-    assert "gres.conf" in init["command"][-1]
+    # The init container copies every file of the config volume (the ConfigMap).
+    assert (
+        "${CONFIG_SRC:-/mnt/config}" in init["command"][-1]
+        and "stage /etc/slurm" in init["command"][-1]
+    )
     argv = args_of(
         one(
             render(
@@ -853,7 +857,11 @@ def test_topology_yaml_reaches_slurmctld_as_yaml() -> None:
         },
     ]
     init = one(objs, "StatefulSet")["spec"]["template"]["spec"]["initContainers"][0]
-    assert "topology.yaml" in init["command"][-1]
+    # The init container copies every file of the config volume (the ConfigMap).
+    assert (
+        "${CONFIG_SRC:-/mnt/config}" in init["command"][-1]
+        and "stage /etc/slurm" in init["command"][-1]
+    )
     with pytest.raises(AssertionError, match="topology"):
         render("slurm", "slurmConfig.topology[0].topology=a b")
 

@@ -72,10 +72,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
 {{- /*
-Init container: copies slurm.conf, cgroup.conf (gres.conf and topology.yaml when given) and
-the keys into /etc/slurm (an emptyDir) with
-the owner and mode Slurm insists on (keys owned by SlurmUser, 0600), which Secret volumes
-cannot give.
+Init container: copies slurm.conf, cgroup.conf, the other files of the `config` volume (the
+chart's ConfigMap and the site's files, see slurm.stageFunction) and the keys into /etc/slurm
+(an emptyDir) with the owner and mode Slurm insists on (keys owned by SlurmUser, 0600,
+scripts executable), which ConfigMap and Secret volumes cannot give.
 */ -}}
 {{- define "slurm.configInit" -}}
 - name: config
@@ -85,10 +85,8 @@ cannot give.
     - /bin/sh
     - -ec
     - |
-      install -m 0644 /mnt/config/slurm.conf /mnt/config/cgroup.conf /etc/slurm/
-      for f in gres.conf topology.yaml; do
-        if [ -e "/mnt/config/$f" ]; then install -m 0644 "/mnt/config/$f" /etc/slurm/; fi
-      done
+      {{- include "slurm.stageFunction" . | nindent 6 }}
+      stage /etc/slurm
       install -o {{ .Values.slurmConfig.slurmUser }} -g {{ .Values.slurmConfig.slurmUser }} -m 0600 /mnt/slurm-key/slurm.key /mnt/jwt-key/jwt_hs256.key /etc/slurm/
   volumeMounts:
     - {name: etc-slurm, mountPath: /etc/slurm}
@@ -97,12 +95,25 @@ cannot give.
     - {name: jwt-key, mountPath: /mnt/jwt-key}
 {{- end }}
 
+{{- /* The chart's ConfigMap and the files of the site's ConfigMaps (slurmConfig.*Refs, under
+the names Slurm reads them by), in one directory: a change to any of them reaches the mounted
+files in place (the reconfigure sidecar applies it). A ConfigMap named but missing keeps the
+pod from starting, and its events name it. */ -}}
 {{- define "slurm.configVolumes" -}}
 - name: etc-slurm
   emptyDir: {}
 - name: config
-  configMap:
-    name: {{ include "slurm.prefix" . }}-config
+  projected:
+    sources:
+      - configMap:
+          name: {{ include "slurm.prefix" . }}-config
+      {{- range $f := include "slurm.siteFiles" . | fromJsonArray }}
+      {{- if $f.configMap }}
+      - configMap:
+          name: {{ $f.configMap }}
+          items: [{key: {{ $f.key | quote }}, path: {{ $f.file | quote }}}]
+      {{- end }}
+      {{- end }}
 - name: slurm-key
   secret:
     secretName: {{ include "slurm.slurmKeySecret" . }}
@@ -460,5 +471,109 @@ leaves out this version's new defaults): refused with what to do, not a nil-poin
 {{- define "slurm.checkValues" -}}
 {{- if or (not (hasKey .Values "upgradeCheck")) (not (hasKey .Values.sssd "minId")) (not (hasKey .Values.sssd "caCert")) }}
 {{- fail "these values come from an earlier version of the slurm chart (helm upgrade --reuse-values?) and lack this version's settings (upgradeCheck, sssd.minId, sssd.caCert): upgrade with -f <your values file>, or with --reset-then-reuse-values, so that this version's defaults apply" }}
+{{- end }}
+{{- end }}
+
+{{- /*
+The files a site adds beside slurm.conf (slurmConfig.configFiles, *Scripts and their *Refs),
+as JSON [{file, kind, configMap, key, content, from}]: kind "" for a config file, else
+prolog, epilog, prologSlurmctld or epilogSlurmctld; configMap/key for a file from the
+site's ConfigMap, content for one from values; from names the value it came from. A name
+that is no plain file name, that the chart renders itself, or that two entries share is
+refused naming the values.
+*/ -}}
+{{- define "slurm.siteFiles" -}}
+{{- $c := .Values.slurmConfig }}
+{{- $reserved := list "slurm.conf" "cgroup.conf" "slurm.key" "jwt_hs256.key" "healthcheck" "slurmdbd.conf" }}
+{{- if $c.gresConf }}{{ $reserved = append $reserved "gres.conf" }}{{ end }}
+{{- if $c.topology }}{{ $reserved = append $reserved "topology.yaml" }}{{ end }}
+{{- $entries := list }}
+{{- range $name, $content := $c.configFiles }}
+{{- $entries = append $entries (dict "name" $name "kind" "" "content" (toString $content) "from" (printf "slurmConfig.configFiles[%q]" $name)) }}
+{{- end }}
+{{- range $i, $r := $c.configFileRefs }}
+{{- $entries = append $entries (dict "name" $r.key "kind" "" "configMap" $r.configMap "key" $r.key "from" (printf "slurmConfig.configFileRefs[%d]" $i)) }}
+{{- end }}
+{{- range $kind := list "prolog" "epilog" "prologSlurmctld" "epilogSlurmctld" }}
+{{- range $name, $content := index $c (printf "%sScripts" $kind) }}
+{{- $entries = append $entries (dict "name" $name "kind" $kind "content" (toString $content) "from" (printf "slurmConfig.%sScripts[%q]" $kind $name)) }}
+{{- end }}
+{{- range $i, $r := index $c (printf "%sScriptRefs" $kind) }}
+{{- $entries = append $entries (dict "name" $r.key "kind" $kind "configMap" $r.configMap "key" $r.key "from" (printf "slurmConfig.%sScriptRefs[%d]" $kind $i)) }}
+{{- end }}
+{{- end }}
+{{- $prefix := dict "" "" "prolog" "prolog-" "epilog" "epilog-" "prologSlurmctld" "prolog-slurmctld-" "epilogSlurmctld" "epilog-slurmctld-" }}
+{{- $seen := dict }}
+{{- $out := list }}
+{{- range $e := $entries }}
+{{- if not (regexMatch "^[A-Za-z0-9][-_.A-Za-z0-9]*$" (toString $e.name)) }}
+{{- fail (printf "%s: %q is not a file name (letters, digits, '-', '_' and '.', no '/'): it becomes a file beside slurm.conf" $e.from (toString $e.name)) }}
+{{- end }}
+{{- if and (eq $e.kind "") (has $e.name $reserved) }}
+{{- fail (printf "%s: %s is a file the chart renders itself (set it through its own value, e.g. slurmConfig.extraSlurmConf for slurm.conf lines)" $e.from $e.name) }}
+{{- end }}
+{{- if and (eq $e.kind "") (regexMatch "^(prolog|epilog)-" $e.name) }}
+{{- fail (printf "%s: %s: names starting with prolog- or epilog- are the scripts' (give scripts in slurmConfig.prologScripts and the like)" $e.from $e.name) }}
+{{- end }}
+{{- $file := printf "%s%s" (index $prefix $e.kind) $e.name }}
+{{- if hasKey $seen $file }}
+{{- fail (printf "%s and %s both make the file %s" (index $seen $file) $e.from $file) }}
+{{- end }}
+{{- $_ := set $seen $file $e.from }}
+{{- $_ := set $e "file" $file }}
+{{- $out = append $out $e }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}
+
+{{- /*
+The settings of slurm.conf a running slurmctld cannot take by `scontrol reconfigure` (Slurm's
+scontrol(1): not its listening ports nor its authentication; the state directory, the
+cluster's name and its user at start only), the plugins that change how running jobs'
+steps are tracked (the upgrade check guards ProctrackType and TaskPlugin), and where
+accounting goes: their lines, whose hash restarts slurmctld, slurmrestd and the login pods
+when one changes. Every other change is applied by the reconfigure sidecar.
+*/ -}}
+{{- define "slurm.restartSettings" -}}
+{{- $conf := index (include (print $.Template.BasePath "/configmap.yaml") . | fromYaml) "data" "slurm.conf" }}
+{{- regexFindAll "(?mi)^[ \\t]*(ClusterName|SlurmctldHost|SlurmctldPort|SlurmdPort|SlurmUser|SlurmdUser|AuthType|AuthAltTypes|AuthAltParameters|AuthInfo|CredType|TLSType|StateSaveLocation|ProctrackType|TaskPlugin|SelectType|SwitchType|AccountingStorageType|AccountingStorageHost|AccountingStoragePort|PluginDir)[ \\t]*=.*$" $conf -1 | join "\n" }}
+{{- end }}
+
+{{- define "slurm.restartChecksum" -}}
+{{- include "slurm.restartSettings" . | sha256sum | trunc 16 | quote }}
+{{- end }}
+
+{{- /*
+Shell function `stage DIR`: the chart's and the site's config files (the `config` volume at
+/mnt/config) into DIR, scripts executable. Shared by the init container and the reconfigure
+sidecar, so both make the same files.
+*/ -}}
+{{- define "slurm.stageFunction" -}}
+stage() {
+  for f in "${CONFIG_SRC:-/mnt/config}"/*; do
+    n=${f##*/}
+    case "$n" in
+      healthcheck) continue ;;
+      prolog-* | epilog-*) m=0755 ;;
+      *) m=0644 ;;
+    esac
+    install -m "$m" "$f" "$1/$n" || return 1
+  done
+}
+{{- end }}
+
+{{- /* /dev/shm of a pod: memory-backed, at most sizeLimit (empty: the runtime's 64 MiB). */ -}}
+{{- define "slurm.shmMounts" -}}
+{{- if . }}
+- {name: dev-shm, mountPath: /dev/shm}
+{{- end }}
+{{- end }}
+
+{{- define "slurm.shmVolumes" -}}
+{{- if . }}
+- name: dev-shm
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ . }}
 {{- end }}
 {{- end }}
