@@ -50,10 +50,11 @@ testbed-build: venv
 	$(BIN)/slinky testbed build
 	bash hack/build-groups.sh
 
-## OCI image archives (Slurm, Slinky) in ~/.cache/slinky/images, no registry or daemon needed;
-## rebuilt only when their inputs change. Import with `ctr -n k8s.io images import <archive>`.
+## OCI image archives (Slurm, Slurm HPC, Slinky) in ~/.cache/slinky/images, no registry or daemon
+## needed; rebuilt only when their inputs change. Import with `ctr -n k8s.io images import <archive>`.
 images: testbed-build
 	bash hack/build-slurm-root.sh
+	bash hack/build-hpc-layer.sh
 	bash hack/build-python-root.sh
 	$(BIN)/python -m slinky_testbed.images build
 

@@ -9,6 +9,9 @@ reference), so the import needs no `--base-name` and pods find it with
 - Slurm image: the cached Debian sid root holding Slurm (`hack/build-slurm-root.sh`) used as
   it is as one zstd layer, plus a small layer with a static init (tini), an entrypoint that
   prepares the runtime directories and execs the daemon it is given, and those directories.
+- Slurm HPC image (`slurm-hpc`): the Slurm image's two layers plus one zstd layer holding MPI,
+  hpcc, CPU PyTorch and job container runtimes (`hack/build-hpc-layer.sh`), for the compute
+  and login pods of HPC/AI NodeSets; the Slurm image stays lean for every other role.
 - Slinky image: a Debian root with Python (`hack/build-python-root.sh`) as a zstd layer, a
   layer with a venv holding the dependencies locked in `images/slinky/requirements.lock`, and
   a layer with the slinky wheel (never the test bed package), installed in an overlay over
@@ -59,6 +62,7 @@ ANNOTATION_CONTAINERD_NAME = "io.containerd.image.name"
 # Bump when the way images are assembled changes, so cached archives get rebuilt.
 BUILDER_VERSION = "4"
 SLURM_REPO = "localhost/slinky/slurm"
+SLURM_HPC_REPO = "localhost/slinky/slurm-hpc"
 SLINKY_REPO = "localhost/slinky/slinky"
 VENV = "/opt/slinky"
 SLINKY_UID = 65532
@@ -318,6 +322,11 @@ def python_root_tarball() -> Path:
     return paths.cache_dir() / "python-root-bookworm.tar.zst"
 
 
+def hpc_layer_tarball() -> Path:
+    """The zstd tarball of the slurm-hpc image's own layer (`hack/build-hpc-layer.sh`)."""
+    return paths.cache_dir() / "slurm-hpc-layer-sid.tar.zst"
+
+
 def repo_dir() -> Path:
     return paths.hack_dir().parent
 
@@ -443,68 +452,107 @@ def _record(image: BuiltImage, key: str, out_dir: Path) -> None:
     stamp.write_text(json.dumps({"key": key, **image.as_json()}, indent=1) + "\n")
 
 
-def build_slurm(out_dir: Path, log: Callable[[str], None]) -> BuiltImage:
+def _slurm_inputs() -> tuple[Path, Path]:
     root = paths.slurm_root_tarball()
     pyroot = python_root_tarball()
     for t in (root, pyroot):
         if not t.is_file():
             raise ImagesNotBuilt(f"{t} missing: run `make testbed-build` and `make images`")
-    key = inputs_key(
-        {
-            "builder": BUILDER_VERSION,
-            "root": file_fingerprint(root),
-            "tini-from": file_fingerprint(pyroot),
-            "entrypoint": slurm_entrypoint().read_text(),
-        }
-    )
-    if (hit := _cached("slurm", key, out_dir)) is not None:
-        log(f"slurm image: cached ({hit.ref})")
-        return hit
-    t0 = time.monotonic()
+    return root, pyroot
+
+
+def _slurm_key(root: Path, pyroot: Path) -> dict[str, str]:
+    return {
+        "builder": BUILDER_VERSION,
+        "root": file_fingerprint(root),
+        "tini-from": file_fingerprint(pyroot),
+        "entrypoint": slurm_entrypoint().read_text(),
+    }
+
+
+def _slurm_layers(root: Path, pyroot: Path, out_dir: Path, work: Path) -> tuple[str, list[Layer]]:
+    """The Slurm package version and the Slurm image's layers: the root as it is, and a small
+    layer with tini, the entrypoint and the runtime directories (the same bytes every time, so
+    the slurm-hpc image shares both layers with the Slurm image)."""
     status = _tar_member(root, "./var/lib/dpkg/status").decode()
     version = dpkg_versions(status, ["slurmd"]).get("slurmd")
     if not version:
         raise RuntimeError(f"{root} has no slurmd package")
-    ref = f"{SLURM_REPO}:{slurm_tag(version)}"
     slurm_uid, slurm_gid = passwd_ids(_tar_member(root, "./etc/passwd").decode(), "slurm")
     # tini-static from the Debian root we build anyway: one static binary, any glibc.
     tini = _tar_member(pyroot, "./usr/bin/tini-static")
+    entries = [
+        Entry("usr", 0o755),
+        Entry("usr/bin", 0o755),
+        Entry("usr/bin/tini", 0o755, tini),
+        Entry("usr/local", 0o755),
+        Entry("usr/local/bin", 0o755),
+        Entry("usr/local/bin/slurm-entrypoint", 0o755, slurm_entrypoint().read_bytes()),
+        Entry("run", 0o755),
+        Entry("run/slurm", 0o755),
+        Entry("run/slurmctld", 0o755, uid=slurm_uid, gid=slurm_gid),
+        Entry("var", 0o755),
+        Entry("var/spool", 0o755),
+        Entry("var/spool/slurmd", 0o755),
+        Entry("var/spool/slurmctld", 0o755, uid=slurm_uid, gid=slurm_gid),
+        Entry("var/log", 0o755),
+        Entry("var/log/slurm", 0o755),
+    ]
+    write_entries_tar(work / "extra.tar", entries)
+    extra = gzip_layer(work / "extra.tar", work / "extra.tar.gz", "tini, entrypoint, runtime dirs")
+    base = _cached_zstd_layer(root, f"Debian sid root with Slurm {version}", out_dir)
+    return version, [base, extra]
+
+
+def slurm_image_config(title: str, version: str) -> ImageConfig:
+    """What a container of the Slurm image (or the slurm-hpc image) runs."""
+    return ImageConfig(
+        entrypoint=["/usr/bin/tini", "--", "/usr/local/bin/slurm-entrypoint"],
+        labels={
+            "org.opencontainers.image.title": title,
+            "org.opencontainers.image.version": version,
+        },
+    )
+
+
+def build_slurm(out_dir: Path, log: Callable[[str], None]) -> BuiltImage:
+    root, pyroot = _slurm_inputs()
+    key = inputs_key(_slurm_key(root, pyroot))
+    if (hit := _cached("slurm", key, out_dir)) is not None:
+        log(f"slurm image: cached ({hit.ref})")
+        return hit
+    t0 = time.monotonic()
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-        work = Path(tmp)
-        entries = [
-            Entry("usr", 0o755),
-            Entry("usr/bin", 0o755),
-            Entry("usr/bin/tini", 0o755, tini),
-            Entry("usr/local", 0o755),
-            Entry("usr/local/bin", 0o755),
-            Entry("usr/local/bin/slurm-entrypoint", 0o755, slurm_entrypoint().read_bytes()),
-            Entry("run", 0o755),
-            Entry("run/slurm", 0o755),
-            Entry("run/slurmctld", 0o755, uid=slurm_uid, gid=slurm_gid),
-            Entry("var", 0o755),
-            Entry("var/spool", 0o755),
-            Entry("var/spool/slurmd", 0o755),
-            Entry("var/spool/slurmctld", 0o755, uid=slurm_uid, gid=slurm_gid),
-            Entry("var/log", 0o755),
-            Entry("var/log/slurm", 0o755),
-        ]
-        write_entries_tar(work / "extra.tar", entries)
-        extra = gzip_layer(
-            work / "extra.tar", work / "extra.tar.gz", "tini, entrypoint, runtime dirs"
-        )
-        layers = [_cached_zstd_layer(root, f"Debian sid root with Slurm {version}", out_dir), extra]
-        cfg = ImageConfig(
-            entrypoint=["/usr/bin/tini", "--", "/usr/local/bin/slurm-entrypoint"],
-            labels={
-                "org.opencontainers.image.title": "slurm",
-                "org.opencontainers.image.version": version,
-            },
-        )
+        version, layers = _slurm_layers(root, pyroot, out_dir, Path(tmp))
+        ref = f"{SLURM_REPO}:{slurm_tag(version)}"
         archive = out_dir / "slurm.oci.tar"
-        digest = write_layout(archive, ref, cfg, layers)
+        digest = write_layout(archive, ref, slurm_image_config("slurm", version), layers)
     image = BuiltImage("slurm", ref, archive, digest, sum(x.size for x in layers))
     _record(image, key, out_dir)
     log(f"slurm image: built {ref} in {time.monotonic() - t0:.1f}s ({image.size >> 20} MiB)")
+    return image
+
+
+def build_slurm_hpc(out_dir: Path, log: Callable[[str], None]) -> BuiltImage:
+    """The Slurm image's layers plus the HPC layer (MPI, hpcc, PyTorch, container runtimes)."""
+    root, pyroot = _slurm_inputs()
+    hpc = hpc_layer_tarball()
+    if not hpc.is_file():
+        raise ImagesNotBuilt(f"{hpc} missing: run `make images` (hack/build-hpc-layer.sh)")
+    key = inputs_key({**_slurm_key(root, pyroot), "hpc": file_fingerprint(hpc)})
+    if (hit := _cached("slurm-hpc", key, out_dir)) is not None:
+        log(f"slurm-hpc image: cached ({hit.ref})")
+        return hit
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+        version, layers = _slurm_layers(root, pyroot, out_dir, Path(tmp))
+        layers.append(_cached_zstd_layer(hpc, "MPI, hpcc, PyTorch (CPU), crun, apptainer", out_dir))
+        ref = f"{SLURM_HPC_REPO}:{slurm_tag(version)}"
+        archive = out_dir / "slurm-hpc.oci.tar"
+        digest = write_layout(archive, ref, slurm_image_config("slurm-hpc", version), layers)
+    image = BuiltImage("slurm-hpc", ref, archive, digest, sum(x.size for x in layers))
+    _record(image, key, out_dir)
+    log(f"slurm-hpc image: built {ref} in {time.monotonic() - t0:.1f}s ({image.size >> 20} MiB)")
     return image
 
 
@@ -750,6 +798,25 @@ def build_slinky(out_dir: Path, log: Callable[[str], None]) -> BuiltImage:
     return image
 
 
+# Every image `make images` builds, by short name, in build order.
+BUILDERS: Mapping[str, Callable[[Path, Callable[[str], None]], BuiltImage]] = {
+    "slurm": build_slurm,
+    "slurm-hpc": build_slurm_hpc,
+    "slinky": build_slinky,
+}
+# Images a test bed imports into its nodes only when asked (`images.json` lists them apart,
+# under "on_request"): ~1.3 GiB unpacked per node that most test beds never run.
+ON_REQUEST = frozenset({"slurm-hpc"})
+
+
+def images_json(images: Sequence[BuiltImage]) -> dict[str, Any]:
+    """`images.json`: the images every test bed node imports, and those imported on request."""
+    return {
+        "images": [i.as_json() for i in images if i.name not in ON_REQUEST],
+        "on_request": [i.as_json() for i in images if i.name in ON_REQUEST],
+    }
+
+
 def build(log: Callable[[str], None] = print) -> list[BuiltImage]:
     """Build (or find cached) every image and record them in `images.json`."""
     if os.geteuid() != 0:
@@ -759,24 +826,26 @@ def build(log: Callable[[str], None] = print) -> list[BuiltImage]:
     # Several worktrees share this cache: one build at a time (the others then find it cached).
     with (out_dir / ".lock").open("w") as lock_fd:
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
-        images = [build_slurm(out_dir, log), build_slinky(out_dir, log)]
+        images = [builder(out_dir, log) for builder in BUILDERS.values()]
         index = out_dir / "images.json"
         tmp = index.with_name("images.json.tmp")
-        tmp.write_text(json.dumps({"images": [i.as_json() for i in images]}, indent=1) + "\n")
+        tmp.write_text(json.dumps(images_json(images), indent=1) + "\n")
         tmp.replace(index)
     return images
 
 
-def built() -> list[BuiltImage]:
-    """The images `make images` built, as recorded in `images.json`."""
+def built(*, on_request: bool = False) -> list[BuiltImage]:
+    """The images `make images` built, as recorded in `images.json` (with `on_request`, those
+    a test bed imports only when asked too)."""
     index = images_dir() / "images.json"
     try:
         data = json.loads(index.read_text())
     except FileNotFoundError:
         raise ImagesNotBuilt(f"{index} missing: run `make images`") from None
+    listed = data["images"] + (data.get("on_request", []) if on_request else [])
     images = [
         BuiltImage(d["name"], d["ref"], Path(d["archive"]), d["digest"], int(d["size"]))
-        for d in data["images"]
+        for d in listed
     ]
     for i in images:
         if not i.archive.is_file():
@@ -784,12 +853,19 @@ def built() -> list[BuiltImage]:
     return images
 
 
-def ref(name: str) -> str:
-    """The full reference of a built image by short name (`slurm`, `slinky`)."""
-    for i in built():
+def image(name: str) -> BuiltImage:
+    """A built image by short name (one of `BUILDERS`)."""
+    have = built(on_request=True)
+    for i in have:
         if i.name == name:
-            return i.ref
-    raise KeyError(f"no image named {name!r} in images.json (have: slurm, slinky)")
+            return i
+    names = ", ".join(i.name for i in have) or "none"
+    raise KeyError(f"no image named {name!r} in images.json (have: {names})")
+
+
+def ref(name: str) -> str:
+    """The full reference of a built image by short name (one of `BUILDERS`)."""
+    return image(name).ref
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -800,7 +876,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"wrote {lock()}")
         return
     try:
-        images = build() if args.cmd == "build" else built()
+        images = build() if args.cmd == "build" else built(on_request=True)
     except (ImagesNotBuilt, RuntimeError) as e:
         sys.exit(f"images: {e}")
     for i in images:

@@ -287,3 +287,78 @@ def test_the_slurm_containerfile_installs_what_make_images_installs() -> None:
     # etcd runs on the test bed's host (taken out of the same root); tini comes from the
     # Python root in `make images`.
     assert _containerfile_packages() - {"tini"} == _build_script_packages() - {"etcd-server"}
+
+
+def _shell_words(path: str, pattern: str) -> set[str]:
+    text = (REPO / path).read_text().replace("\\\n", " ")
+    m = re.search(pattern, text, re.M)
+    assert m, f"{pattern!r} not found in {path}"
+    return set(m.group(1).split())
+
+
+def test_the_slurm_hpc_containerfile_installs_what_make_images_installs() -> None:
+    script = _shell_words("hack/build-hpc-layer.sh", r'^PACKAGES="([^"]*)"')
+    containerfile = _shell_words(
+        "images/slurm-hpc/Containerfile", r"apt-get install -y --no-install-recommends (.*?)&&"
+    )
+    assert containerfile == script
+    assert {"openmpi-bin", "mpich", "python3-mpi4py", "hpcc", "python3-torch"} <= script
+    assert {"crun", "uidmap", "apptainer"} <= script
+
+
+def _openmpi_sed(path: str) -> str:
+    text = (REPO / path).read_text().replace("\\\n", " ")
+    m = re.search(r"sed -i -E '([^']*btl_tcp_if_include[^']*)'", text)
+    assert m, f"no sed of btl_tcp_if_include in {path}"
+    return m.group(1)
+
+
+def test_both_hpc_image_builds_drop_debians_loopback_only_openmpi_default(tmp_path: Path) -> None:
+    # The end of Debian's /etc/openmpi/openmpi-mca-params.conf: with it, every OpenMPI job
+    # across two pods fails ("Unable to find reachable pairing").
+    conf = tmp_path / "openmpi-mca-params.conf"
+    debian = (
+        "# comment\nbtl_base_warn_component_unused=0\n# Silence a warning\nbtl_tcp_if_include=lo\n"
+    )
+    script = _openmpi_sed("hack/build-hpc-layer.sh")
+    assert _openmpi_sed("images/slurm-hpc/Containerfile") == script
+    conf.write_text(debian)
+    subprocess.run(["sed", "-i", "-E", script, str(conf)], check=True)
+    assert conf.read_text() == debian.replace("btl_tcp_if_include=lo\n", "")
+
+
+def test_the_hpc_image_shares_the_slurm_images_entrypoint_and_every_image_is_built() -> None:
+    assert list(images.BUILDERS) == ["slurm", "slurm-hpc", "slinky"]
+    hpc, slurm = (
+        images.slurm_image_config("slurm-hpc", "1"),
+        images.slurm_image_config("slurm", "1"),
+    )
+    assert hpc.entrypoint == slurm.entrypoint
+    assert hpc.labels["org.opencontainers.image.title"] == "slurm-hpc"
+
+
+def test_the_hpc_image_is_listed_apart_and_found_by_name_only_with_those_on_request(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every test bed node imports what images.json lists under "images": the big HPC image is
+    # listed under "on_request", so a bed imports it only when a test asks.
+    monkeypatch.setenv("SLINKY_CACHE", str(tmp_path))
+    (tmp_path / "images").mkdir()
+    made = []
+    for name in images.BUILDERS:
+        archive = tmp_path / f"images/{name}.oci.tar"
+        archive.write_bytes(b"")
+        made.append(images.BuiltImage(name, f"localhost/slinky/{name}:1", archive, "sha256:a", 1))
+    index = images.images_json(made)
+    assert [d["name"] for d in index["images"]] == ["slurm", "slinky"]
+    assert [d["name"] for d in index["on_request"]] == ["slurm-hpc"]
+    (tmp_path / "images/images.json").write_text(json.dumps(index))
+    assert [i.name for i in images.built()] == ["slurm", "slinky"]
+    assert [i.name for i in images.built(on_request=True)] == ["slurm", "slinky", "slurm-hpc"]
+    assert images.ref("slurm-hpc") == "localhost/slinky/slurm-hpc:1"
+    assert images.image("slurm-hpc").archive == tmp_path / "images/slurm-hpc.oci.tar"
+    with pytest.raises(KeyError, match=r"'slurm-gpu'.*have: slurm, slinky, slurm-hpc"):
+        images.ref("slurm-gpu")
+    # An images.json written before the HPC image existed still reads.
+    (tmp_path / "images/images.json").write_text(json.dumps({"images": index["images"]}))
+    assert [i.name for i in images.built(on_request=True)] == ["slurm", "slinky"]
