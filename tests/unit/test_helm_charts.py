@@ -463,7 +463,7 @@ def test_slurm_chart_deploys_slurmctld_slurmrestd_and_a_cluster_pointing_at_them
     conf = slurm_conf(objs)
     for line in (
         "SlurmctldHost=slurm-controller-0(slurm-controller.slurm.svc.cluster.local)",
-        "SlurmctldParameters=enable_configless",
+        "SlurmctldParameters=enable_configless,reconfig_on_restart",
         "AuthAltTypes=auth/jwt",
         "AuthAltParameters=jwt_key=/etc/slurm/jwt_hs256.key",
     ):

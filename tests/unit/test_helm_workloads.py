@@ -268,6 +268,15 @@ def test_a_change_slurm_takes_only_at_start_restarts_slurmctld_restapi_and_login
     assert all(after[name] != before[name] for name in before), (before, after)
 
 
+def test_a_slurmctld_restart_tells_the_configless_daemons_to_fetch_again() -> None:
+    """slurmd and sackd fetch the files at start and at a reconfigure, not when slurmctld
+    restarts with new ones (on the test bed, slurmd pods went on without a Prolog line
+    slurmctld had restarted with): reconfig_on_restart has slurmctld tell them."""
+    assert "SlurmctldParameters=enable_configless,reconfig_on_restart" in slurm_conf(
+        render("slurm")
+    )
+
+
 def test_values_name_every_setting_that_restarts() -> None:
     """The list in values.yaml's comment is the template's."""
     root = CHARTS / "slurm"
