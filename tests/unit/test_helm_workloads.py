@@ -303,6 +303,8 @@ def test_slurmctld_has_a_reconfigure_container_on_its_config_and_etc() -> None:
         "volumeMounts"
     ]
     assert "scontrol reconfigure" in sidecar["command"][-1]
+    annotations = ss["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["kubectl.kubernetes.io/default-container"] == "slurmctld"
 
 
 # ---------------------------------------------------------------- the reconfigure script
