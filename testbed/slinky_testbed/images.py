@@ -805,7 +805,7 @@ BUILDERS: Mapping[str, Callable[[Path, Callable[[str], None]], BuiltImage]] = {
     "slinky": build_slinky,
 }
 # Images a test bed imports into its nodes only when asked (`images.json` lists them apart,
-# under "on_request"): ~1.3 GiB unpacked per node that most test beds never run.
+# under "on_request"): ~1.6 GiB of containerd root per node that most test beds never run.
 ON_REQUEST = frozenset({"slurm-hpc"})
 
 
