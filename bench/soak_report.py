@@ -244,7 +244,11 @@ def judge_job(soak: Soak, job: TrackedJob, slurm_log: dict[int, list[str]]) -> V
             continue
         lines = slurm_log.get(job.job_id, [])
         slurm_did = [ln for ln in lines if SLURM_REQUEUE.search(ln)]
-        deleted = pods_deleted_by_us(soak, job.nodes_seen & set(fault.slurm_nodes), ran_from, end)
+        # Deletions up to Slurm's requeue: a pod replaced after it (a later rolling update)
+        # had nothing to do with it.
+        requeued = (stamp_of(slurm_did[0]) if slurm_did else None) or end
+        nodes = job.nodes_seen & set(fault.slurm_nodes)
+        deleted = pods_deleted_by_us(soak, nodes, ran_from, requeued)
         if slurm_did and not deleted:
             on = ", ".join(sorted(job.nodes_seen & set(fault.slurm_nodes)))
             return Verdict(
@@ -387,9 +391,13 @@ def allocated_across_kill(lines: list[str], kills: list[float]) -> float | None:
 
 
 def completed_in_log(lines: list[str]) -> float | None:
-    """When slurmctld logged the job's batch script as ended with status 0, if it did."""
-    for line in lines:
+    """When slurmctld logged the job's batch script as ended with status 0, if it did; not
+    the status 0 it logs for a launch that failed, followed by the job's requeue."""
+    for i, line in enumerate(lines):
         if "_job_complete:" in line and "WEXITSTATUS 0" in line and (t := stamp_of(line)):
+            after = lines[i + 1] if i + 1 < len(lines) else ""
+            if "_job_complete: requeue" in after and stamp_of(after) == t:
+                continue
             return t
     return None
 

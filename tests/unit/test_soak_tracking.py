@@ -230,3 +230,46 @@ def test_a_job_slurmctld_requeued_when_its_node_was_cut_off_is_slurms_unless_we_
         "deleted pod slurm/batch-2 (uid 1)\n"
     )
     assert judge_job(s, job, log).verdict == KILLED  # a pod of its nodes deleted by us
+
+
+def test_a_job_slurm_could_not_launch_on_a_cut_off_node_is_slurms_whatever_came_later(
+    tmp_path: Path,
+) -> None:
+    """Soak run 24, job 105: allocated batch-0 while the soak had cut node-0 off, slurmctld
+    could not launch it and requeued it (logged as a status 0 end, then the requeue); it
+    completed later. A rolling update deleted batch-0's pod 2.5 min after the requeue and
+    slurmctld was killed -9 after that: neither explains it (the report said slurmctld had
+    revived a completed job)."""
+    from types import SimpleNamespace
+
+    from bench.soak_report import SLURM, completed_in_log, judge_job
+    from bench.soak_state import NodeFault
+
+    s = soak(tmp_path)
+    s.bed = cast(Any, SimpleNamespace(logs=tmp_path))
+    allocated = datetime(2026, 12, 7, 11, 39, 23).timestamp()
+    s.node_cuts.append(NodeFault(allocated - 5, "node-0", ["batch-0"], allocated + 75))
+    (tmp_path / "operator.log").write_text(
+        "2026-12-07 11:42:03,100 INFO slinky.operator.nodeset.podcontrol: deleted pod "
+        "slurm/batch-0 (uid u)\n"
+    )
+    s.slurmctld_kills.append(allocated + 197)
+    job = TrackedJob(105, "soak-b51", "batch", 1, 28, allocated - 240)
+    job.running_since = allocated + 2
+    job.nodes_seen = {"batch-0"}
+    job.states = [(allocated + 2, "RUNNING"), (allocated + 11, "PENDING"),
+                  (allocated + 370, "COMPLETED")]  # fmt: skip
+    job.restart_cnt, job.first_end, job.ended_at = 1, "COMPLETED", allocated + 370
+    job.last = listed(105, "soak-b51", "COMPLETED")
+    log = {
+        105: [
+            "[2026-12-07T11:39:23.005] sched: Allocate JobId=105 NodeList=batch-0 #CPUs=1",
+            "[2026-12-07T11:39:33.289] _job_complete: JobId=105 WEXITSTATUS 0",
+            "[2026-12-07T11:39:33.289] _job_complete: requeue JobId=105 per user/system request",
+            "[2026-12-07T11:39:33.290] _job_complete: JobId=105 done",
+        ]
+    }
+    assert completed_in_log(log[105]) is None
+    verdict = judge_job(s, job, log)
+    assert verdict.verdict == SLURM, verdict
+    assert "cut off" in verdict.why, verdict.why
