@@ -303,6 +303,10 @@ def test_slurmctld_has_a_reconfigure_container_on_its_config_and_etc() -> None:
         "volumeMounts"
     ]
     assert "scontrol reconfigure" in sidecar["command"][-1]
+    # Its scontrol signs through slurmctld's sack socket (the test bed: "failed to connect
+    # to any sack sockets" without it).
+    sack = {"name": "run-slurmctld", "mountPath": "/run/slurmctld"}
+    assert sack in sidecar["volumeMounts"] and sack in container(ss, "slurmctld")["volumeMounts"]
     annotations = ss["spec"]["template"]["metadata"]["annotations"]
     assert annotations["kubectl.kubernetes.io/default-container"] == "slurmctld"
 
