@@ -1,4 +1,5 @@
-"""Run every benchmark module in this package."""
+"""Run every benchmark module in this package, except those that say `IN_MAKE_BENCH = False`
+(run alone: `python -m bench.<module>`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,11 @@ def main() -> None:
         print("no benchmarks yet")
     try:
         for name in sorted(found):
-            importlib.import_module(f"bench.{name}").main()
+            module = importlib.import_module(f"bench.{name}")
+            if getattr(module, "IN_MAKE_BENCH", True):
+                module.main()
+            else:
+                print(f"bench.{name}: not part of make bench; run python -m bench.{name}")
     finally:
         left = bench_testbed_if_running()
         if left:
