@@ -19,6 +19,7 @@ for f in "$etc"/*; do
   cp -p "$f" "$applied/$n"
 done
 refused=""
+waiting=""
 # Puts the files of $1 into /etc/slurm and removes those it lacks (of the ones we put there).
 install_from() {
   for f in "$applied"/* "$new"/*; do
@@ -41,7 +42,12 @@ while :; do
   diff -r "$applied" "$new" >/dev/null 2>&1 && continue
   sum=$(cd "$new" && for f in *; do echo "$f" && cat -- "$f"; done | sha256sum)
   [ "$sum" = "$refused" ] && continue
-  up || continue # slurmctld starting or restarting: the next round applies it
+  # slurmctld starting or restarting: a later round applies it (said once per change).
+  if ! out=$(scontrol ping 2>&1) || ! echo "$out" | grep -q 'is UP'; then
+    [ "$sum" = "$waiting" ] || log "a change waits for slurmctld to answer: $(echo "$out" | tr '\n' ' ')"
+    waiting=$sum
+    continue
+  fi
   changed=""
   for f in "$applied"/* "$new"/*; do
     n=${f##*/}
