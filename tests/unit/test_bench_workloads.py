@@ -127,3 +127,13 @@ def test_make_bench_leaves_it_out(
     run_all.main()
     assert ran == []
     assert "python -m bench.bench_workloads" in capsys.readouterr().out
+
+
+def test_of_best_takes_each_figure_in_its_better_direction() -> None:
+    pods = {"hpl_gflops": [8.0, 10.0], "latency_us": [30.0, 20.0]}
+    host = {"hpl_gflops": [5.0, 10.0], "latency_us": [10.0, 50.0]}
+    lines = {line.split()[0]: line for line in ratio_lines(pods, host, of_best=True)[1:]}
+    assert lines["hpl_gflops"].split()[1:4] == ["10.00", "10.00", "1.00"]
+    assert lines["latency_us"].split()[1:4] == ["20.00", "10.00", "2.00"]
+    assert lines["latency_us"].endswith("NOT met")
+    assert ratio_lines(pods, host, of_best=True)[0].startswith("figure (best)")
