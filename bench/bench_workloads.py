@@ -23,9 +23,9 @@ two bridges and a route inside the test bed's network namespace, where the host'
 talk over loopback. Neither is a real network: the figures say what the pod's path and
 confinement add, not what a cluster's NICs give.
 
-Run: `python -m bench.bench_workloads` (about 6 minutes on a warm bed; `BENCH_ROUNDS`
-rounds each, default 5). Not part of `make bench` (python -m bench): it needs the slurm-hpc
-image (1.3 GiB per node) and the CPUs to itself.
+Run: `python -m bench.bench_workloads` (8-10 minutes on a warm bed; `BENCH_ROUNDS` rounds
+each, default 5; results in docs/workloads.md). Not part of `make bench` (`IN_MAKE_BENCH`): it
+needs the slurm-hpc image (1.3 GiB per node) and the CPUs to itself.
 """
 
 from __future__ import annotations
