@@ -516,43 +516,42 @@ def slurm_image_config(title: str, version: str) -> ImageConfig:
 
 
 def build_slurm(out_dir: Path, log: Callable[[str], None]) -> BuiltImage:
-    root, pyroot = _slurm_inputs()
-    key = inputs_key(_slurm_key(root, pyroot))
-    if (hit := _cached("slurm", key, out_dir)) is not None:
-        log(f"slurm image: cached ({hit.ref})")
-        return hit
-    t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
-        version, layers = _slurm_layers(root, pyroot, out_dir, Path(tmp))
-        ref = f"{SLURM_REPO}:{slurm_tag(version)}"
-        archive = out_dir / "slurm.oci.tar"
-        digest = write_layout(archive, ref, slurm_image_config("slurm", version), layers)
-    image = BuiltImage("slurm", ref, archive, digest, sum(x.size for x in layers))
-    _record(image, key, out_dir)
-    log(f"slurm image: built {ref} in {time.monotonic() - t0:.1f}s ({image.size >> 20} MiB)")
-    return image
+    return _build_slurm_image("slurm", SLURM_REPO, None, out_dir, log)
 
 
 def build_slurm_hpc(out_dir: Path, log: Callable[[str], None]) -> BuiltImage:
     """The Slurm image's layers plus the HPC layer (MPI, hpcc, PyTorch, container runtimes)."""
-    root, pyroot = _slurm_inputs()
     hpc = hpc_layer_tarball()
     if not hpc.is_file():
         raise ImagesNotBuilt(f"{hpc} missing: run `make images` (hack/build-hpc-layer.sh)")
-    key = inputs_key({**_slurm_key(root, pyroot), "hpc": file_fingerprint(hpc)})
-    if (hit := _cached("slurm-hpc", key, out_dir)) is not None:
-        log(f"slurm-hpc image: cached ({hit.ref})")
+    return _build_slurm_image("slurm-hpc", SLURM_HPC_REPO, hpc, out_dir, log)
+
+
+def _build_slurm_image(
+    name: str, repo: str, extra: Path | None, out_dir: Path, log: Callable[[str], None]
+) -> BuiltImage:
+    """The Slurm image's layers, plus the layer tarball `extra` if given (the HPC layer),
+    as `<out_dir>/<name>.oci.tar`; cached by the inputs' fingerprints."""
+    root, pyroot = _slurm_inputs()
+    inputs = _slurm_key(root, pyroot)
+    if extra is not None:
+        inputs = {**inputs, "hpc": file_fingerprint(extra)}
+    key = inputs_key(inputs)
+    if (hit := _cached(name, key, out_dir)) is not None:
+        log(f"{name} image: cached ({hit.ref})")
         return hit
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
         version, layers = _slurm_layers(root, pyroot, out_dir, Path(tmp))
-        layers.append(_cached_zstd_layer(hpc, "MPI, hpcc, PyTorch (CPU), crun, apptainer", out_dir))
-        ref = f"{SLURM_HPC_REPO}:{slurm_tag(version)}"
-        archive = out_dir / "slurm-hpc.oci.tar"
-        digest = write_layout(archive, ref, slurm_image_config("slurm-hpc", version), layers)
-    image = BuiltImage("slurm-hpc", ref, archive, digest, sum(x.size for x in layers))
+        if extra is not None:
+            what = "MPI, hpcc, PyTorch (CPU), crun, apptainer"
+            layers.append(_cached_zstd_layer(extra, what, out_dir))
+        ref = f"{repo}:{slurm_tag(version)}"
+        archive = out_dir / f"{name}.oci.tar"
+        digest = write_layout(archive, ref, slurm_image_config(name, version), layers)
+    image = BuiltImage(name, ref, archive, digest, sum(x.size for x in layers))
     _record(image, key, out_dir)
-    log(f"slurm-hpc image: built {ref} in {time.monotonic() - t0:.1f}s ({image.size >> 20} MiB)")
+    log(f"{name} image: built {ref} in {time.monotonic() - t0:.1f}s ({image.size >> 20} MiB)")
     return image
 
 
