@@ -77,8 +77,8 @@ for target in sys.argv[1:]:
 """
 
 
-@pytest.fixture(scope="module")
-def v2bed() -> Iterator[Testbed]:
+def v2_testbed() -> Iterator[Testbed]:
+    """A test bed of one host node and one v2 node, up for the caller's module."""
     bed = Testbed(worker_bed_dir("SLINKY_V2_TESTBED_DIR", "v2"))
     if bed.status_lines(only_running=True):
         bed.down(log=print)
@@ -89,6 +89,11 @@ def v2bed() -> Iterator[Testbed]:
         yield bed
     finally:
         bed.down(log=print)
+
+
+@pytest.fixture(scope="module")
+def v2bed() -> Iterator[Testbed]:
+    yield from v2_testbed()
 
 
 @pytest.fixture(scope="module")
@@ -353,20 +358,27 @@ async def slurm(
         yield SlurmOnV2(i, f"{i.nodeset('v2')}-0")
     finally:
         t1 = time.monotonic()
-        for release, namespace in (
-            (i.slurm_release, i.slurm_ns),
-            (i.operator_release, i.operator_ns),
-            (i.crds_release, i.operator_ns),
-        ):
-            with contextlib.suppress(AssertionError, TimeoutError):
-                await i.helm("uninstall", release, "-n", namespace, "--ignore-not-found",
-                             "--wait", timeout=600)  # fmt: skip
-        for name in (i.slurm_ns, i.operator_ns):
-            with contextlib.suppress(rest.ApiError):
-                await kube.delete(rest.NAMESPACES, name)
-        with contextlib.suppress(rest.ApiError):
-            await kube.delete(PVS, i.storage_class)
+        await uninstall_charts(i, kube)
         print(f"slurm chart on v2: uninstalled in {time.monotonic() - t1:.0f}s")
+
+
+async def uninstall_charts(i: Install, kube: rest.Kube, *more: tuple[Any, str]) -> None:
+    """Take an installation's releases, namespaces and volume off the v2 bed, and the
+    cluster-wide objects `more` ((resource, name)); what is already gone is no error."""
+    for release, namespace in (
+        (i.slurm_release, i.slurm_ns),
+        (i.operator_release, i.operator_ns),
+        (i.crds_release, i.operator_ns),
+    ):
+        with contextlib.suppress(AssertionError, TimeoutError):
+            await i.helm("uninstall", release, "-n", namespace, "--ignore-not-found",
+                         "--wait", timeout=600)  # fmt: skip
+    for name in (i.slurm_ns, i.operator_ns):
+        with contextlib.suppress(rest.ApiError):
+            await kube.delete(rest.NAMESPACES, name)
+    for resource, name in ((PVS, i.storage_class), *more):
+        with contextlib.suppress(rest.ApiError):
+            await kube.delete(resource, name)
 
 
 def kubelet_config(bed: Testbed) -> JSON:

@@ -6,7 +6,6 @@ test_v2_nodes.py's, and one installation of the operator and slurm charts."""
 
 from __future__ import annotations
 
-import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -20,7 +19,6 @@ from tests.e2e.test_helm import (
     CHARTS,
     FAKE_GPUS,
     HELM,
-    PVS,
     Install,
     completed,
     ended,
@@ -30,8 +28,15 @@ from tests.e2e.test_helm import (
     submit_script,
 )
 from tests.e2e.test_helm import running as job_running
-from tests.e2e.test_v2_nodes import CPUS, JOB_TIMEOUT, POD_TIMEOUT, V2, SlurmOnV2
-from tests.e2e.workers import worker_bed_dir
+from tests.e2e.test_v2_nodes import (
+    CPUS,
+    JOB_TIMEOUT,
+    POD_TIMEOUT,
+    V2,
+    SlurmOnV2,
+    uninstall_charts,
+    v2_testbed,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -49,16 +54,7 @@ CGROUP_CONF = (
 
 @pytest.fixture(scope="module")
 def v2bed() -> Iterator[Testbed]:
-    bed = Testbed(worker_bed_dir("SLINKY_V2_TESTBED_DIR", "v2"))
-    if bed.status_lines(only_running=True):
-        bed.down(log=print)
-    t0 = time.monotonic()
-    bed.up(real_nodes=1, v2_nodes=1, log=print)
-    print(f"test bed with a v2 node up in {time.monotonic() - t0:.0f}s")
-    try:
-        yield bed
-    finally:
-        bed.down(log=print)
+    yield from v2_testbed()
 
 
 @pytest.fixture(scope="module")
@@ -130,20 +126,7 @@ async def slurm(
         yield SlurmOnV2(i, f"{i.nodeset('v2')}-0")
     finally:
         t1 = time.monotonic()
-        for release, namespace in (
-            (i.slurm_release, i.slurm_ns),
-            (i.operator_release, i.operator_ns),
-            (i.crds_release, i.operator_ns),
-        ):
-            with contextlib.suppress(AssertionError, TimeoutError):
-                await i.helm("uninstall", release, "-n", namespace, "--ignore-not-found",
-                             "--wait", timeout=600)  # fmt: skip
-        for name in (i.slurm_ns, i.operator_ns):
-            with contextlib.suppress(rest.ApiError):
-                await kube.delete(rest.NAMESPACES, name)
-        for resource, name in ((PVS, i.storage_class), (RUNTIME_CLASSES, runtime_class)):
-            with contextlib.suppress(rest.ApiError):
-                await kube.delete(resource, name)
+        await uninstall_charts(i, kube, (RUNTIME_CLASSES, runtime_class))
         await kube.close()
         print(f"slurm chart on v2, user namespaces: uninstalled in {time.monotonic() - t1:.0f}s")
 
