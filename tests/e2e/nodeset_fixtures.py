@@ -22,7 +22,7 @@ from slinky.slurm.models import Job
 from slinky.slurm.tokens import MintedToken
 from slinky_testbed.bed import Testbed
 from slinky_testbed.pods import slurm_key_secret, slurmd_pod_spec
-from slinky_testbed.waiting import wait_for
+from slinky_testbed.waiting import WaitTimeout, wait_for
 from tests.e2e.operator_fixtures import OperatorProcess, cluster, condition, secret
 
 JSON = dict[str, Any]
@@ -215,18 +215,33 @@ def nodeset_manifest(name: str, replicas: int, **spec: Any) -> JSON:
     }
 
 
-async def wait_idle_nodes(e: Env, name: str, count: int, timeout: float = 60) -> list[str]:
+async def wait_idle_nodes(e: Env, name: str, count: int, timeout: float = 120) -> list[str]:
+    """Wait for `count` live pods of NodeSet `name`, each an IDLE, undrained Slurm node.
+
+    A deadline, not a speed claim: on CI's loaded 2-core machine (other beds' QEMU guests
+    beside it) three slurmd pods have taken over 60 s to start and register. A timeout names
+    what was missing.
+    """
+    missing: list[str] = []
+
     async def idle() -> list[str] | None:
+        missing.clear()
         names = await e.live_pod_names(name)
         if len(names) != count:
+            missing.append(f"{len(names)}/{count} live pods")
             return None
         for n in names:
             node = await e.slurm_node(n)
-            if node is None or not node.state.is_idle or node.state.is_drain:
-                return None
-        return names
+            if node is None:
+                missing.append(f"{n}: no Slurm node")
+            elif not node.state.is_idle or node.state.is_drain:
+                missing.append(f"{n}: {node.state}")
+        return None if missing else names
 
-    return await wait_for(idle, timeout=timeout, interval=0.2, what=f"{count} IDLE Slurm nodes")
+    try:
+        return await wait_for(idle, timeout=timeout, interval=0.2, what=f"{count} IDLE Slurm nodes")
+    except WaitTimeout as err:
+        raise WaitTimeout(f"{err}; missing: {'; '.join(missing)}") from None
 
 
 async def gone(check: Callable[[], Awaitable[Any]]) -> bool:
