@@ -343,9 +343,19 @@ case "$1" in
     fi
     echo localhost ;;
   reconfigure)
-    # slurmctld in the foreground exits on a file it cannot use (here: a Crash= line).
+    # slurmctld refuses a file it cannot use (here: a Refuse= line) or, in the foreground,
+    # exits on it (here: a Crash= line).
+    if grep -q Refuse "$SLURM_ETC/slurm.conf"; then
+      echo "slurm_reconfigure error: Unspecified error" >&2
+      exit 1
+    fi
     if grep -q Crash "$SLURM_ETC/slurm.conf"; then touch "$FAKE/down"; fi ;;
 esac
+"""
+
+# What post-event.py is given (RECONFIGURE_EVENT): TYPE REASON MESSAGE, a line each.
+FAKE_EVENT = """#!/bin/sh
+echo "$1 $2 $3" >> "$FAKE/events"
 """
 
 
@@ -355,9 +365,9 @@ class Sidecar:
         self.etc, self.src, self.fake = tmp / "etc", tmp / "src", tmp / "fake"
         for d in (self.etc, self.src, self.fake, tmp / "bin"):
             d.mkdir()
-        scontrol = tmp / "bin/scontrol"
-        scontrol.write_text(FAKE_SCONTROL)
-        scontrol.chmod(0o755)
+        for name, text in (("scontrol", FAKE_SCONTROL), ("record-event", FAKE_EVENT)):
+            (tmp / "bin" / name).write_text(text)
+            (tmp / "bin" / name).chmod(0o755)
         self.out = tmp / "out"
 
     def write(self, name: str, text: str) -> None:
@@ -369,6 +379,21 @@ class Sidecar:
     def calls(self) -> list[str]:
         path = self.fake / "calls"
         return path.read_text().splitlines() if path.exists() else []
+
+    def events(self) -> list[str]:
+        path = self.fake / "events"
+        return path.read_text().splitlines() if path.exists() else []
+
+    def wait_event(self, start: str, *words: str) -> str:
+        """The one Event recorded that starts with `start` (type and reason) and has
+        every word."""
+
+        def found() -> list[str]:
+            return [e for e in self.events() if e.startswith(start) and all(w in e for w in words)]
+
+        self.wait_for(f"Event {start} {words}", lambda: bool(found()))
+        (event,) = found()
+        return event
 
     def wait_for(self, what: str, check: Callable[[], bool], timeout: float = 20) -> None:
         deadline = time.monotonic() + timeout
@@ -397,6 +422,7 @@ def sidecar(tmp_path: Path) -> Iterator[Sidecar]:
         RECONFIGURE_WORK=str(tmp_path / "work"),
         RECONFIGURE_PERIOD="0.1",
         RECONFIGURE_DEADLINE="2",
+        RECONFIGURE_EVENT=str(tmp_path / "bin/record-event"),
     )
     with s.out.open("w") as out:
         proc = subprocess.Popen(["/bin/sh", "-c", script], env=env, stdout=out, stderr=out)
@@ -419,6 +445,8 @@ def test_the_sidecar_applies_a_change_refuses_what_slurm_refuses_and_keeps_the_l
     assert stat.S_IMODE((s.etc / "prolog-marker").stat().st_mode) == 0o755
     assert not (s.etc / "healthcheck").exists() and (s.etc / "slurm.key").read_text() == "key"
     assert s.calls().count("reconfigure") == 1
+    # Each outcome is an Event on the pod too (post-event.py), naming the changed files.
+    s.wait_event("Normal Reconfigured", "slurm.conf +prolog-marker", "applied")
 
     # Refused by Slurm's parser: not installed, not reconfigured, named once.
     s.write("slurm.conf", good + "BogusKey=1\n")
@@ -426,6 +454,18 @@ def test_the_sidecar_applies_a_change_refuses_what_slurm_refuses_and_keeps_the_l
     assert "Parsing error at unrecognized key: BogusKey" in s.log()
     assert (s.etc / "slurm.conf").read_text() == good
     assert s.calls().count("reconfigure") == 1
+    s.wait_event(
+        "Warning ConfigRefused",
+        "slurm.conf:",
+        "refused by Slurm's parser",
+        "Parsing error at unrecognized key: BogusKey",
+    )
+
+    # Refused by slurmctld (scontrol reconfigure fails): the last good files go back.
+    s.write("slurm.conf", good + "Refuse=1\n")
+    s.wait_for("reconfigure refusal", lambda: "scontrol reconfigure refused it" in s.log())
+    assert (s.etc / "slurm.conf").read_text() == good
+    s.wait_event("Warning ConfigRefused", "scontrol reconfigure refused it", "Unspecified error")
 
     # slurmctld exits on what the parser took: the last good files go back.
     s.write("slurm.conf", good + "Crash=1\n")
@@ -433,6 +473,8 @@ def test_the_sidecar_applies_a_change_refuses_what_slurm_refuses_and_keeps_the_l
     assert (s.etc / "slurm.conf").read_text() == good
     assert (s.etc / "prolog-marker").exists()
     assert s.log().count("refused by Slurm") == 1, s.log()
+    s.wait_event("Warning ConfigRefused", "did not answer within 2 s", "the last good files")
+    assert len([e for e in s.events() if "ConfigRefused" in e]) == 3, s.events()
 
     # Back up, and a script removed from the values goes from /etc/slurm.
     (s.fake / "down").unlink()

@@ -4,6 +4,9 @@
 # puts the files into /etc/slurm and runs `scontrol reconfigure`. Slurm's refusal is logged
 # here and the last good files stay in /etc/slurm, so slurmctld keeps (or restarts with)
 # its last good configuration. A refused set of files is not tried again until it changes.
+# Each outcome is also recorded as an Event on this pod (reason Reconfigured, or
+# ConfigRefused with Slurm's message), by post-event.py unless RECONFIGURE_EVENT names
+# another command (TYPE REASON MESSAGE).
 # The paths are the pod's unless SLURM_ETC, CONFIG_SRC (stage's) or RECONFIGURE_WORK say.
 log() { echo "slurm-reconfigure: $*"; }
 trap 'exit 0' TERM INT
@@ -32,6 +35,8 @@ install_from() {
   done
 }
 up() { scontrol ping 2>/dev/null | grep -q 'is UP'; }
+# In the background: a slow or absent API server never holds up the next change.
+record() { ${RECONFIGURE_EVENT:-python3 /opt/slurm-reconfigure/post-event.py} "$@" & }
 while :; do
   sleep "${RECONFIGURE_PERIOD:-5}" &
   wait $!
@@ -60,15 +65,20 @@ while :; do
     fi
   done
   log "configuration changed (+added -removed):$changed"
+  what="changed (+added -removed):$changed:"
   if ! out=$(SLURM_CONF="$new/slurm.conf" scontrol show hostnames localhost 2>&1 >/dev/null); then
-    log "refused by Slurm, not applied (slurmctld keeps its configuration): $(echo "$out" | tr '\n' ' ')"
+    out=$(echo "$out" | tr '\n' ' ')
+    log "refused by Slurm, not applied (slurmctld keeps its configuration): $out"
+    record Warning ConfigRefused "$what refused by Slurm's parser, not applied; slurmctld keeps its configuration: $out"
     refused=$sum
     continue
   fi
   install_from "$new"
   if ! out=$(scontrol reconfigure 2>&1); then
     install_from "$applied"
-    log "scontrol reconfigure refused it (slurmctld keeps its configuration; its log has Slurm's reason): $(echo "$out" | tr '\n' ' ')"
+    out=$(echo "$out" | tr '\n' ' ')
+    log "scontrol reconfigure refused it (slurmctld keeps its configuration; its log has Slurm's reason): $out"
+    record Warning ConfigRefused "$what scontrol reconfigure refused it, not applied; slurmctld keeps its configuration (its log has Slurm's reason): $out"
     refused=$sum
     continue
   fi
@@ -84,9 +94,11 @@ while :; do
   if [ -z "$ok" ]; then
     install_from "$applied"
     log "slurmctld did not answer within ${RECONFIGURE_DEADLINE:-30} s of reconfiguring: the last good files are back in /etc/slurm and it starts from them; Slurm's message: kubectl logs <this pod> -c slurmctld --previous"
+    record Warning ConfigRefused "$what slurmctld did not answer within ${RECONFIGURE_DEADLINE:-30} s of reconfiguring: the last good files are back and it starts from them; Slurm's message: kubectl logs ${POD_NAME:-<this pod>} -c slurmctld --previous"
     refused=$sum
     continue
   fi
   rm -rf "$applied" && mv "$new" "$applied"
   log "applied: slurmctld re-read its configuration and told the slurmd and sackd daemons to fetch it${out:+ ($out)}"
+  record Normal Reconfigured "$what applied: slurmctld re-read its configuration and told the slurmd and sackd daemons to fetch it"
 done
