@@ -664,7 +664,7 @@ def _slurmd(objs: list[JSON]) -> dict[str, JSON]:
     }
 
 
-def test_jobs_are_isolated_by_cgroups_by_default_with_only_sys_admin_added(
+def test_jobs_are_isolated_by_cgroups_by_default_with_sys_ptrace_and_sys_admin_added(
     tmp_path: Path,
 ) -> None:
     values = {
@@ -687,14 +687,16 @@ def test_jobs_are_isolated_by_cgroups_by_default_with_only_sys_admin_added(
     assert "ConstrainDevices=yes" in cgroup_conf
     contexts = {name: c.get("securityContext") for name, c in _slurmd(objs).items()}
     assert contexts == {
-        "slurm-compute-plain": {"capabilities": {"add": ["SYS_ADMIN"]}},
-        "slurm-compute-own": {"capabilities": {"add": ["NET_ADMIN", "SYS_ADMIN"]}},
-        "slurm-compute-twice": {"capabilities": {"add": ["SYS_ADMIN"]}},
+        "slurm-compute-plain": {"capabilities": {"add": ["SYS_PTRACE", "SYS_ADMIN"]}},
+        "slurm-compute-own": {"capabilities": {"add": ["NET_ADMIN", "SYS_PTRACE", "SYS_ADMIN"]}},
+        "slurm-compute-twice": {"capabilities": {"add": ["SYS_ADMIN", "SYS_PTRACE"]}},
         "slurm-compute-fallback": {"privileged": True},
     }
 
 
-def test_without_job_isolation_there_are_no_cgroups_and_no_capability(tmp_path: Path) -> None:
+def test_without_job_isolation_there_are_no_cgroups_and_only_sys_ptrace(tmp_path: Path) -> None:
+    """SYS_PTRACE stays: slurmstepd samples every job's usage (sacct's MaxRSS) from
+    /proc/<pid>/io, which it may read for another user's process only with it."""
     values = {
         "slurmConfig": {"jobIsolation": "none", "cgroupConf": "CgroupPlugin=cgroup/v2\n"},
         "compute": {"nodesets": [{"name": "plain"}, {"name": "own", "securityContext": {
@@ -707,7 +709,11 @@ def test_without_job_isolation_there_are_no_cgroups_and_no_capability(tmp_path: 
         "CgroupPlugin=disabled"
     ]
     contexts = {name: c.get("securityContext") for name, c in _slurmd(objs).items()}
-    assert contexts == {"slurm-compute-plain": None, "slurm-compute-own": {"runAsUser": 0}}
+    ptrace = {"capabilities": {"add": ["SYS_PTRACE"]}}
+    assert contexts == {
+        "slurm-compute-plain": ptrace,
+        "slurm-compute-own": {"runAsUser": 0, **ptrace},
+    }
 
 
 def test_an_unknown_job_isolation_is_refused_naming_the_key() -> None:

@@ -33,7 +33,7 @@ def test_by_default_the_pods_share_the_nodes_user_namespace_and_runtime(tmp_path
     spec = pod_specs(objs)["slurm-compute-plain"]
     assert "hostUsers" not in spec and "runtimeClassName" not in spec
     assert _slurmd(objs)["slurm-compute-plain"]["securityContext"] == {
-        "capabilities": {"add": ["SYS_ADMIN"]}
+        "capabilities": {"add": ["SYS_PTRACE", "SYS_ADMIN"]}
     }
 
 
@@ -58,7 +58,7 @@ def test_own_user_namespace_renders_host_users_false_the_runtime_class_and_no_ca
     contexts = {name: c.get("securityContext") for name, c in _slurmd(objs).items()}
     assert contexts == {
         "slurm-compute-own": {"seccompProfile": {"type": "RuntimeDefault"}},
-        "slurm-compute-plain": {"capabilities": {"add": ["SYS_ADMIN"]}},
+        "slurm-compute-plain": {"capabilities": {"add": ["SYS_PTRACE", "SYS_ADMIN"]}},
     }
     # Memory and CPUs are still confined per job.
     conf = one(objs, "ConfigMap", "slurm-config")["data"]

@@ -161,19 +161,28 @@ priorityClassName: {{ . }}
 {{- end }}
 
 {{- /*
-The slurmd container's securityContext (YAML; empty: none): the entry's, plus the capability
-SYS_ADMIN when jobs are isolated by cgroups (slurmd makes their cgroups below its own; the
-image's entrypoint remounts its cgroup writable). A privileged container has it already; in
-a pod with its own user namespace (hostUsers false) it would count there only, and slurmd
+The slurmd container's securityContext (YAML; empty: none): the entry's, plus
+- SYS_PTRACE, always: slurmstepd (root) reads each job process's /proc/<pid>/io when it
+  samples usage, and the kernel lets it only with this capability for another user's
+  process; without it the whole sample is dropped and sacct's MaxRSS stays empty (measured
+  on the test bed: "Permission denied" reading a job's /proc/<pid>/io in the container);
+- SYS_ADMIN when jobs are isolated by cgroups (slurmd makes their cgroups below its own; the
+  image's entrypoint remounts its cgroup writable).
+A privileged container has both already; in a pod with its own user namespace (hostUsers
+false) they would count there only: root there may read its own users' processes, and slurmd
 needs none in a cgroup the runtime delegated to it.
 */ -}}
 {{- define "slurm.slurmdSecurityContext" -}}
 {{- $sc := deepCopy (default dict .nodeset.securityContext) }}
-{{- if and (eq .root.Values.slurmConfig.jobIsolation "cgroup") (not $sc.privileged) (ne (toString .nodeset.hostUsers) "false") }}
+{{- if and (not $sc.privileged) (ne (toString .nodeset.hostUsers) "false") }}
 {{- $caps := deepCopy (default dict $sc.capabilities) }}
 {{- $add := default list $caps.add }}
-{{- if not (or (has "SYS_ADMIN" $add) (has "CAP_SYS_ADMIN" $add)) }}
-{{- $add = append $add "SYS_ADMIN" }}
+{{- $need := list "SYS_PTRACE" }}
+{{- if eq .root.Values.slurmConfig.jobIsolation "cgroup" }}{{ $need = append $need "SYS_ADMIN" }}{{ end }}
+{{- range $cap := $need }}
+{{- if not (or (has $cap $add) (has (print "CAP_" $cap) $add)) }}
+{{- $add = append $add $cap }}
+{{- end }}
 {{- end }}
 {{- $_ := set $caps "add" $add }}
 {{- $_ := set $sc "capabilities" $caps }}
