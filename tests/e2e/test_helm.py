@@ -36,6 +36,7 @@ from slinky_testbed import nodes, paths, site
 from slinky_testbed.bed import Testbed
 from slinky_testbed.waiting import wait_for
 from tests.e2e.operator_fixtures import OperatorProcess, condition
+from tests.e2e.pod_events import pod_events
 
 pytestmark = pytest.mark.e2e
 
@@ -592,7 +593,8 @@ async def test_helm_installs_operator_slurm_and_bridge_that_run_jobs_upgrade_and
     await idle_nodes(i, "batch", 1)
     batch = f"{i.nodeset('batch')}-0"
     slurmd = (await kube.get(rest.PODS, batch, i.slurm_ns))["spec"]["containers"][0]
-    assert slurmd["securityContext"] == {"capabilities": {"add": ["SYS_ADMIN"]}}
+    # (SYS_PTRACE: slurmstepd reads the job processes' /proc/<pid>/io, for sacct's MaxRSS.)
+    assert slurmd["securityContext"] == {"capabilities": {"add": ["SYS_PTRACE", "SYS_ADMIN"]}}
     # CgroupPlugin=autodetect: cgroup/v2 needs the memory controller in the host's cgroup2
     # hierarchy; on a host that binds every controller to v1 (this machine) it is cgroup/v1.
     v2 = host_cgroup2_controllers()
@@ -780,6 +782,65 @@ async def test_helm_installs_operator_slurm_and_bridge_that_run_jobs_upgrade_and
         await i.secret_data(i.slurm_ns, f"{i.bridge_release}-slurm-bridge-webhook-tls")
         == (keys[f"{i.bridge_release}-slurm-bridge-webhook-tls"])
     )
+
+    # ------------------------------------------------ a line Slurm refuses: an Event names it
+    # The reconfigure container records each outcome as an Event on the slurmctld pod: a
+    # slurm.conf line Slurm's parser refuses is named with Slurm's message and slurmctld
+    # goes on as it was (same pod, no restart, the line not in its files); a good change
+    # after it is applied and recorded so.
+    start = time.monotonic()
+    ctld_pod = await kube.get(rest.PODS, i.ctld_pod, i.slurm_ns)
+    restarts = {c["name"]: c["restartCount"] for c in ctld_pod["status"]["containerStatuses"]}
+
+    async def upgrade_conf(line: str) -> None:
+        await i.helm(
+            "upgrade", i.slurm_release, str(CHARTS / "slurm"), "-n", i.slurm_ns,
+            "--reuse-values", "--set", f"slurmConfig.extraSlurmConf={line}", "--wait",
+        )  # fmt: skip
+
+    async def events_naming(reason: str, words: str) -> list[str]:
+        return [m for m in await pod_events(kube, i.slurm_ns, i.ctld_pod, reason) if words in m]
+
+    async def event_naming(reason: str, words: str, skip: int = 0) -> str:
+        """The one Event (after the first `skip`); else what the reconfigure container said."""
+
+        async def new() -> list[str]:
+            return (await events_naming(reason, words))[skip:]
+
+        try:
+            (message,) = await wait_for(
+                new,
+                timeout=120,
+                interval=1,
+                what=f"Event {reason} naming {words!r} on the slurmctld pod",
+            )
+        except AssertionError as e:
+            log = i.kubectl("-n", i.slurm_ns, "logs", i.ctld_pod, "-c", "reconfigure")
+            raise AssertionError(f"{e}\nreconfigure container:\n{log[-4000:]}") from None
+        return message
+
+    await upgrade_conf("BogusKey=1")
+    bogus = await event_naming("ConfigRefused", "unrecognized key: BogusKey")
+    i.timings["slurm.conf line refused: upgrade to Event ConfigRefused"] = time.monotonic() - start
+    print(f"helm e2e: ConfigRefused: {bogus}")
+    assert "slurm.conf" in bogus and "slurmctld keeps its configuration" in bogus, bogus
+    assert "BogusKey" not in i.ctld("cat", "/etc/slurm/slurm.conf")
+    assert "is UP" in i.ctld("scontrol", "ping")
+    ctld_pod = await kube.get(rest.PODS, i.ctld_pod, i.slurm_ns)
+    assert ctld_pod["metadata"]["uid"] == ctld_after["metadata"]["uid"], "slurmctld restarted"
+    assert {
+        c["name"]: c["restartCount"] for c in ctld_pod["status"]["containerStatuses"]
+    } == restarts
+    applied_before = len(await events_naming("Reconfigured", "slurm.conf"))
+    start_good = time.monotonic()
+    await upgrade_conf("MinJobAge=301")
+    good = await event_naming("Reconfigured", "slurm.conf", skip=applied_before)
+    i.timings["good change after it: upgrade to Event Reconfigured"] = time.monotonic() - start_good
+    print(f"helm e2e: Reconfigured: {good}")
+    assert re.search(r"MinJobAge\s*=\s*301", i.ctld("scontrol", "show", "config"))
+    ctld_pod = await kube.get(rest.PODS, i.ctld_pod, i.slurm_ns)
+    assert ctld_pod["metadata"]["uid"] == ctld_after["metadata"]["uid"], "slurmctld restarted"
+    i.timings["refused and good slurm.conf change, with their Events"] = time.monotonic() - start
 
     # ------------------------------------------------ a JWT key made anew is picked up
     # The key Secret deleted (a leak, a rotation): the next upgrade's keys hook makes a new

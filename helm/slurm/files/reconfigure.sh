@@ -67,7 +67,7 @@ while :; do
   log "configuration changed (+added -removed):$changed"
   what="changed (+added -removed):$changed:"
   if ! out=$(SLURM_CONF="$new/slurm.conf" scontrol show hostnames localhost 2>&1 >/dev/null); then
-    out=$(echo "$out" | tr '\n' ' ')
+    out=$(echo "$out" | tr '\n' ' ') && out=${out% }
     log "refused by Slurm, not applied (slurmctld keeps its configuration): $out"
     record Warning ConfigRefused "$what refused by Slurm's parser, not applied; slurmctld keeps its configuration: $out"
     refused=$sum
@@ -76,7 +76,7 @@ while :; do
   install_from "$new"
   if ! out=$(scontrol reconfigure 2>&1); then
     install_from "$applied"
-    out=$(echo "$out" | tr '\n' ' ')
+    out=$(echo "$out" | tr '\n' ' ') && out=${out% }
     log "scontrol reconfigure refused it (slurmctld keeps its configuration; its log has Slurm's reason): $out"
     record Warning ConfigRefused "$what scontrol reconfigure refused it, not applied; slurmctld keeps its configuration (its log has Slurm's reason): $out"
     refused=$sum
