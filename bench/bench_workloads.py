@@ -390,7 +390,7 @@ def in_pod(bed: Testbed, pod: str, script: str) -> str:
 
 def import_hpc_image(bed: Testbed) -> str:
     """The slurm-hpc image in each real node's containerd (a stamp per node root, the one
-    tests/e2e/test_workloads.py keeps); its reference."""
+    tests/e2e/site_workloads.py keeps); its reference."""
     hpc = images.image("slurm-hpc")
     for name in bed.load().real_nodes[:2]:
         sock = bed.nodes_dir / name / "containerd" / "containerd.sock"

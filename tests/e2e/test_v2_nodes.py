@@ -401,7 +401,7 @@ class TestSlurmChartOnV2:
         are the pod's, and the kubelet's accounting of the pod counts the jobs' memory."""
         i, node, t0 = slurm.install, slurm.node, time.monotonic()
         slurmd = (await i.kube.get(rest.PODS, node, i.slurm_ns))["spec"]["containers"][0]
-        assert slurmd["securityContext"]["capabilities"]["add"] == ["SYS_ADMIN"]
+        assert slurmd["securityContext"]["capabilities"]["add"] == ["SYS_PTRACE", "SYS_ADMIN"]
         assert not slurmd["securityContext"].get("privileged")
         slurmd_log = i.kubectl("-n", i.slurm_ns, "logs", node, "-c", "slurmd")
         assert "cgroup/v1" not in slurmd_log, slurmd_log[-3000:]

@@ -188,7 +188,7 @@ def apply_script(tmp_path: Path) -> str:
     spec = pod_spec(job)
     assert spec["automountServiceAccountToken"] is False
     assert (
-        "sackd --conf-server slurm-controller.slurm.svc.cluster.local:6817"
+        "sackd --disable-reconfig --conf-server slurm-controller.slurm.svc.cluster.local:6817"
         in (spec["containers"][0]["command"][4])
     )
     return str(cm["data"]["apply.sh"])
