@@ -24,6 +24,7 @@ the images every test needs)."""
 from __future__ import annotations
 
 import re
+import shlex
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -49,10 +50,14 @@ RunTimeKill="{CRUN} kill -a %n.%u.%j.%s.%t"
 RunTimeDelete="{CRUN} delete --force %n.%u.%j.%s.%t"
 RunTimeRun="{CRUN} run --bundle %b %n.%u.%j.%s.%t"
 """
-# The job's memory limit as its step sees it on the bed's cgroup v1 nodes (Slurm's
-# cgroup/v1 tree below the pod's: slurm_<node>/uid_<uid>/job_<id>); `root` is where the
-# memory hierarchy is mounted in the container.
-MEMORY_LIMIT = "cat {root}/slurm*/uid_$(id -u)/job_${{SLURM_JOB_ID:-*}}/memory.limit_in_bytes"
+# The memory limit of the job whose cgroup the process itself is in, on the bed's cgroup v1
+# nodes: its memory cgroup (/proc/self/cgroup) cut after Slurm's job_<id> level
+# (slurm_<node>/uid_<uid>/job_<id> below the pod's own), read where the memory hierarchy is
+# mounted in the container (`root`).
+MEMORY_LIMIT = (
+    'cg=$(sed -n "s|^[0-9]*:memory:.*\\(/slurm[^/]*/uid_[0-9]*/job_[0-9]*\\)/.*|\\1|p" '
+    "/proc/self/cgroup); cat {root}$cg/memory.limit_in_bytes"
+)
 
 
 def import_hpc_image(bed: Testbed) -> str:
@@ -201,7 +206,7 @@ async def mpi_job_accounted(s: Site, name: str, pods: list[str]) -> None:
     rows = await wait_for(recorded, timeout=120, interval=2, what="sacct of the MPICH job")
     job = next(v for k, v in rows.items() if "." not in k)
     step = next(v for k, v in rows.items() if k.endswith(".0"))
-    _, hosts, _ = await s.ssh(name, f"scontrol show hostnames {job[1]}")
+    _, hosts, _ = await s.ssh(name, f"scontrol show hostnames {shlex.quote(job[1])}")
     assert sorted(hosts.split()) == sorted(pods), rows
     assert job[0] == "COMPLETED", rows
     assert re.fullmatch(r"[1-9]\d*(\.\d+)?[KMG]", step[2]), rows  # MaxRSS
@@ -217,7 +222,7 @@ async def containers(s: Site, name: str, uid: int) -> None:
     await s.ssh(
         name,
         "rm -rf rootfs c.sif && mkdir -p rootfs/bin && cp /bin/busybox rootfs/bin/ && "
-        "for a in sh nproc cat id; do ln -s busybox rootfs/bin/$a; done && "
+        "for a in sh nproc cat id sed; do ln -s busybox rootfs/bin/$a; done && "
         "apptainer -s build c.sif rootfs && test -s c.sif",
     )
     limit = MEMORY_LIMIT.format(root="/cg")

@@ -802,13 +802,14 @@ async def test_helm_installs_operator_slurm_and_bridge_that_run_jobs_upgrade_and
         return [m for m in await pod_events(kube, i.slurm_ns, i.ctld_pod, reason) if words in m]
 
     async def event_naming(reason: str, words: str, skip: int = 0) -> str:
-        """The one Event (after the first `skip`); else what the reconfigure container said."""
+        """The first such Event (after the first `skip`); else what the reconfigure container
+        said."""
 
         async def new() -> list[str]:
             return (await events_naming(reason, words))[skip:]
 
         try:
-            (message,) = await wait_for(
+            messages = await wait_for(
                 new,
                 timeout=120,
                 interval=1,
@@ -817,7 +818,7 @@ async def test_helm_installs_operator_slurm_and_bridge_that_run_jobs_upgrade_and
         except AssertionError as e:
             log = i.kubectl("-n", i.slurm_ns, "logs", i.ctld_pod, "-c", "reconfigure")
             raise AssertionError(f"{e}\nreconfigure container:\n{log[-4000:]}") from None
-        return message
+        return messages[0]
 
     await upgrade_conf("BogusKey=1")
     bogus = await event_naming("ConfigRefused", "unrecognized key: BogusKey")

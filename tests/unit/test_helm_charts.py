@@ -694,6 +694,26 @@ def test_jobs_are_isolated_by_cgroups_by_default_with_sys_ptrace_and_sys_admin_a
     }
 
 
+def test_a_nodeset_dropping_sys_ptrace_gets_none_added(tmp_path: Path) -> None:
+    """A namespace of Pod Security level baseline refuses SYS_PTRACE: an entry dropping it
+    keeps it dropped (sacct's MaxRSS then stays empty)."""
+    values = {
+        "slurmConfig": {"jobIsolation": "none", "cgroupConf": "CgroupPlugin=cgroup/v2\n"},
+        "compute": {"nodesets": [
+            {"name": "base", "securityContext": {"capabilities": {"drop": ["SYS_PTRACE"]}}},
+            {"name": "all", "securityContext": {"capabilities": {"drop": ["CAP_SYS_PTRACE"]}}},
+        ]},
+    }  # fmt: skip
+    contexts = {
+        name: c.get("securityContext")
+        for name, c in _slurmd(render_values("slurm", values, tmp_path)).items()
+    }
+    assert contexts == {
+        "slurm-compute-base": {"capabilities": {"drop": ["SYS_PTRACE"]}},
+        "slurm-compute-all": {"capabilities": {"drop": ["CAP_SYS_PTRACE"]}},
+    }
+
+
 def test_without_job_isolation_there_are_no_cgroups_and_only_sys_ptrace(tmp_path: Path) -> None:
     """SYS_PTRACE stays: slurmstepd samples every job's usage (sacct's MaxRSS) from
     /proc/<pid>/io, which it may read for another user's process only with it."""
@@ -971,12 +991,11 @@ def test_login_pods_run_sackd_against_slurmctld_and_only_sackd_has_the_key() -> 
     # Ready (in the Service) only once sackd holds the configuration the commands read.
     probe = container["readinessProbe"]["exec"]["command"]
     assert probe == ["test", "-s", "/run/slurm/conf/slurm.conf"]
-    assert container["args"] == [
-        "sackd",
-        "-D",
-        "--conf-server",
-        "slurm-controller.slurm.svc.cluster.local:6817",
-    ]
+    assert container["args"][:2] == ["/bin/sh", "-ec"]
+    assert (
+        "/usr/sbin/sackd -D --conf-server slurm-controller.slurm.svc.cluster.local:6817"
+        in container["args"][2]
+    )
     assert [m["mountPath"] for m in container["volumeMounts"]] == [
         "/etc/slurm/slurm.key",
         "/run/slurm",

@@ -74,8 +74,13 @@ def test_the_token_is_mounted_in_the_reconfigure_container_only() -> None:
     (api,) = [v for v in spec["volumes"] if v["name"] == "kube-api"]
     sources = api["projected"]["sources"]
     assert sources[0] == {"serviceAccountToken": {"path": "token", "expirationSeconds": 600}}
+    # optional: a cluster without that ConfigMap loses the Events, not slurmctld's start.
     assert sources[1] == {
-        "configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+        "configMap": {
+            "name": "kube-root-ca.crt",
+            "items": [{"key": "ca.crt", "path": "ca.crt"}],
+            "optional": True,
+        }
     }
     assert sources[2]["downwardAPI"]["items"] == [
         {"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}

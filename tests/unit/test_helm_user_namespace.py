@@ -37,7 +37,7 @@ def test_by_default_the_pods_share_the_nodes_user_namespace_and_runtime(tmp_path
     }
 
 
-def test_own_user_namespace_renders_host_users_false_the_runtime_class_and_no_capability(
+def test_own_user_namespace_renders_host_users_false_the_runtime_class_and_only_sys_ptrace(
     tmp_path: Path,
 ) -> None:
     values = {
@@ -57,7 +57,10 @@ def test_own_user_namespace_renders_host_users_false_the_runtime_class_and_no_ca
     assert "hostUsers" not in specs["slurm-compute-plain"]
     contexts = {name: c.get("securityContext") for name, c in _slurmd(objs).items()}
     assert contexts == {
-        "slurm-compute-own": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "slurm-compute-own": {
+            "seccompProfile": {"type": "RuntimeDefault"},
+            "capabilities": {"add": ["SYS_PTRACE"]},
+        },
         "slurm-compute-plain": {"capabilities": {"add": ["SYS_PTRACE", "SYS_ADMIN"]}},
     }
     # Memory and CPUs are still confined per job.
@@ -98,7 +101,10 @@ def test_own_user_namespace_needs_no_device_setting_without_cgroups(tmp_path: Pa
     }
     objs = render_values("slurm", values, tmp_path)
     assert pod_specs(objs)["slurm-compute-own"]["hostUsers"] is False
-    assert _slurmd(objs)["slurm-compute-own"].get("securityContext") is None
+    # SYS_PTRACE only: root in the pod's namespace reads its jobs' /proc/<pid>/io with it.
+    assert _slurmd(objs)["slurm-compute-own"].get("securityContext") == {
+        "capabilities": {"add": ["SYS_PTRACE"]}
+    }
 
 
 def test_own_user_namespace_with_a_privileged_container_is_refused(tmp_path: Path) -> None:

@@ -285,19 +285,23 @@ def test_login_pods_take_config_changes_from_slurmctld_without_restarting() -> N
         login = one(render("slurm", *BASE, *sets), "Deployment", "slurm-login")
         annotations = login["spec"]["template"]["metadata"].get("annotations") or {}
         assert not [k for k in annotations if "slurm-conf" in k], annotations
-        sackd = container(login, "sackd")
-        assert sackd["args"][0] == "sackd" and "--disable-reconfig" not in sackd["args"]
 
 
-def test_the_image_runs_sackd_as_slurm_user_by_its_full_path_on_a_key_copy() -> None:
+def test_login_sackd_runs_as_slurm_user_by_its_full_path_on_a_key_copy() -> None:
     """slurmctld signs its reconfigure push for SlurmUser alone (a root sackd refused it:
     "asked to verify token with r_uid=64030 for uid=0") and sackd re-executes itself by
-    argv[0] ("execv() failed: No such file or directory" for a bare `sackd`)."""
-    entrypoint = (CHARTS.parent / "images/slurm/slurm-entrypoint").read_text()
-    case = entrypoint.split("    sackd | /usr/sbin/sackd)", 1)[1].split(";;", 1)[0]
-    assert "setpriv --reuid=slurm --regid=slurm --init-groups /usr/sbin/sackd" in case
-    assert "install -o slurm -g slurm -m 0400" in case and "--key-file /run/sackd/slurm.key" in case
-    assert "chown slurm:slurm /run/slurm" in case
+    argv[0] ("execv() failed: No such file or directory" for a bare `sackd`). The login
+    template does it, so an image of the same tag from before works too."""
+    for user in ("slurm", "slurmadm"):
+        login = one(
+            render("slurm", *BASE, f"slurmConfig.slurmUser={user}"), "Deployment", "slurm-login"
+        )
+        script = container(login, "sackd")["args"][-1]
+        assert f'setpriv --reuid={user} --regid="$(id -g {user})" --init-groups' in script
+        assert "/usr/sbin/sackd -D --conf-server slurm-controller." in script
+        assert f"install -o {user} -m 0400 /etc/slurm/slurm.key /run/sackd/slurm.key" in script
+        assert "--key-file /run/sackd/slurm.key" in script and "--disable-reconfig" not in script
+        assert f"chown {user}: /run/slurm /run/sackd" in script
 
 
 def test_the_accounts_hook_sackd_does_not_register_for_pushes() -> None:

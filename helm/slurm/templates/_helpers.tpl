@@ -162,30 +162,36 @@ priorityClassName: {{ . }}
 
 {{- /*
 The slurmd container's securityContext (YAML; empty: none): the entry's, plus
-- SYS_PTRACE, always: slurmstepd (root) reads each job process's /proc/<pid>/io when it
-  samples usage, and the kernel lets it only with this capability for another user's
-  process; without it the whole sample is dropped and sacct's MaxRSS stays empty (measured
-  on the test bed: "Permission denied" reading a job's /proc/<pid>/io in the container);
-- SYS_ADMIN when jobs are isolated by cgroups (slurmd makes their cgroups below its own; the
-  image's entrypoint remounts its cgroup writable).
-A privileged container has both already; in a pod with its own user namespace (hostUsers
-false) they would count there only: root there may read its own users' processes, and slurmd
-needs none in a cgroup the runtime delegated to it.
+- SYS_PTRACE: slurmstepd (root) reads each job process's /proc/<pid>/io when it samples
+  usage, and the kernel lets it only with this capability for another user's process (in a
+  pod's own user namespace too); without it the whole sample is dropped and sacct's MaxRSS
+  stays empty (measured on the test bed: "Permission denied" reading a job's /proc/<pid>/io
+  in the container). Not added when the entry drops it (capabilities.drop: a namespace of
+  Pod Security level baseline refuses it; MaxRSS then stays empty);
+- SYS_ADMIN when jobs are isolated by cgroups in the node's user namespace (slurmd makes
+  their cgroups below its own; the image's entrypoint remounts its cgroup writable); in a
+  pod with its own user namespace (hostUsers false) slurmd needs none in a cgroup the
+  runtime delegated to it.
+A privileged container has both already.
 */ -}}
 {{- define "slurm.slurmdSecurityContext" -}}
 {{- $sc := deepCopy (default dict .nodeset.securityContext) }}
-{{- if and (not $sc.privileged) (ne (toString .nodeset.hostUsers) "false") }}
+{{- if not $sc.privileged }}
 {{- $caps := deepCopy (default dict $sc.capabilities) }}
 {{- $add := default list $caps.add }}
-{{- $need := list "SYS_PTRACE" }}
-{{- if eq .root.Values.slurmConfig.jobIsolation "cgroup" }}{{ $need = append $need "SYS_ADMIN" }}{{ end }}
+{{- $drop := default list $caps.drop }}
+{{- $need := list }}
+{{- if not (or (has "SYS_PTRACE" $drop) (has "CAP_SYS_PTRACE" $drop)) }}{{ $need = append $need "SYS_PTRACE" }}{{ end }}
+{{- if and (eq .root.Values.slurmConfig.jobIsolation "cgroup") (ne (toString .nodeset.hostUsers) "false") }}{{ $need = append $need "SYS_ADMIN" }}{{ end }}
 {{- range $cap := $need }}
 {{- if not (or (has $cap $add) (has (print "CAP_" $cap) $add)) }}
 {{- $add = append $add $cap }}
 {{- end }}
 {{- end }}
+{{- if $add }}
 {{- $_ := set $caps "add" $add }}
 {{- $_ := set $sc "capabilities" $caps }}
+{{- end }}
 {{- end }}
 {{- with $sc }}{{ toYaml . }}{{ end }}
 {{- end }}

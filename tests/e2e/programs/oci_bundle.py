@@ -19,7 +19,7 @@ bundle = Path(sys.argv[1])
 shutil.rmtree(bundle, ignore_errors=True)
 (bundle / "rootfs/bin").mkdir(parents=True)
 shutil.copy("/bin/busybox", bundle / "rootfs/bin/busybox")
-for applet in ("sh", "cat", "nproc", "id", "ls"):
+for applet in ("sh", "cat", "nproc", "id", "ls", "sed"):
     (bundle / "rootfs/bin" / applet).symlink_to("busybox")
 # Slurm names the step's program by its path on the node (/usr/bin/sh in the Slurm image).
 (bundle / "rootfs/usr").mkdir()
@@ -34,7 +34,11 @@ uid, gid = os.getuid(), os.getgid()
 linux["uidMappings"] = [{"containerID": uid, "hostID": uid, "size": 1}]
 linux["gidMappings"] = [{"containerID": gid, "hostID": gid, "size": 1}]
 config["process"]["user"] = {"uid": uid, "gid": gid}
-linux["namespaces"] = [ns for ns in linux["namespaces"] if ns["type"] not in ("pid", "network")]
+# No cgroup namespace either: /proc/self/cgroup then names the step's cgroup by its path in
+# the pod (the e2e test reads the job's memory limit through it).
+linux["namespaces"] = [
+    ns for ns in linux["namespaces"] if ns["type"] not in ("pid", "network", "cgroup")
+]
 mounts = [m for m in config["mounts"] if not m["destination"].startswith(("/proc", "/sys"))]
 config["mounts"] = [
     {"destination": "/proc", "type": "bind", "source": "/proc", "options": ["rbind"]},
