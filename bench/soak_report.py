@@ -141,6 +141,9 @@ def overlaps(soak: Soak, start: float, end: float, nodes: Collection[str] = ()) 
 
 
 # slurmctld's own requeue of a job (a launch or a node it could not reach), as it logs it.
+# After a cut ends, how long slurmstepd may take to get a job's end to slurmctld: its retry
+# rounds are 15 s apart, and each try in the cut waits out its connect timeouts.
+CUT_REPORT_GRACE_S = 90
 SLURM_REQUEUE = re.compile(r"requeue JobId=\d+ per user/system request|launch fail|NODE_FAIL")
 # The operator's and the bridge's pod deletions, as they log them.
 DELETED_POD = re.compile(r"^(\S+ \S+) .*deleted pod (?:[^/\s]+/)?([^/\s]+)")
@@ -249,6 +252,28 @@ def judge_job(soak: Soak, job: TrackedJob, slurm_log: dict[int, list[str]]) -> V
         requeued = (stamp_of(slurm_did[0]) if slurm_did else None) or end
         nodes = job.nodes_seen & set(fault.slurm_nodes)
         deleted = pods_deleted_by_us(soak, nodes, ran_from, requeued)
+        # Its work ended while its node was cut off: slurmstepd there could not tell
+        # slurmctld, which ended the job at its time limit, in the cut or within one of
+        # slurmstepd's retry rounds after it (15 s apart, plus the timeouts of each try).
+        work_end = (job.running_since or job.submitted_at) + job.seconds
+        until = fault.until or end
+        if (
+            job.first_end == "TIMEOUT"
+            and fault.since <= work_end <= until
+            and end <= until + CUT_REPORT_GRACE_S
+            and not pods_deleted_by_us(soak, job.nodes_seen, ran_from, end)
+        ):
+            on = ", ".join(sorted(nodes))
+            return Verdict(
+                key,
+                SLURM,
+                f"TIMEOUT: its {job.seconds}s of work ended at {soak.rel(work_end)} on {on}, a "
+                f"slurmd pod of {fault.node}, which the soak cut off from slurmctld from "
+                f"{soak.rel(fault.since)} to {soak.rel(until)}; slurmstepd could not report the "
+                "end before the job's time limit; no pod of its nodes was deleted by the "
+                "operator or the bridge meanwhile",
+                evidence,
+            )
         if slurm_did and not deleted:
             on = ", ".join(sorted(job.nodes_seen & set(fault.slurm_nodes)))
             return Verdict(

@@ -273,3 +273,43 @@ def test_a_job_slurm_could_not_launch_on_a_cut_off_node_is_slurms_whatever_came_
     verdict = judge_job(s, job, log)
     assert verdict.verdict == SLURM, verdict
     assert "cut off" in verdict.why, verdict.why
+
+
+def test_a_job_that_timed_out_because_its_end_could_not_leave_a_cut_off_node_is_slurms(
+    tmp_path: Path,
+) -> None:
+    """Soak seed 31, job 206: 35 s of work on compute-[1,3] with a 2-minute limit; the soak
+    cut compute-1's node off 14 s after the job started, for 88 s; the work ended in the cut
+    and slurmctld, which heard nothing, ended the job TIMEOUT 32 s after the cut ended. That
+    is Slurm's handling of a partition, unless the operator deleted a pod of its nodes."""
+    from types import SimpleNamespace
+
+    from bench.soak_report import KILLED, SLURM, judge_job
+    from bench.soak_state import NodeFault
+
+    s = soak(tmp_path)
+    s.bed = cast(Any, SimpleNamespace(logs=tmp_path))
+    started = datetime(2026, 12, 7, 15, 33, 4).timestamp()
+    job = TrackedJob(206, "soak-c24", "compute", 2, 35, started - 10)
+    job.running_since = started
+    job.nodes_seen = {"compute-1", "compute-3"}
+    job.states = [(started, "RUNNING"), (started + 134, "TIMEOUT")]
+    job.first_end, job.ended_at = "TIMEOUT", started + 134
+    job.last = listed(206, "soak-c24", "TIMEOUT")
+    log = {206: ["[2026-12-07T15:35:18.004] Time limit exhausted for JobId=206"]}
+    assert judge_job(s, job, log).verdict == KILLED  # no fault to explain it
+    cut = NodeFault(started + 14, "node-1", ["batch-1", "compute-0", "compute-1"], started + 102)
+    s.node_cuts.append(cut)
+    verdict = judge_job(s, job, log)
+    assert verdict.verdict == SLURM, verdict
+    assert "could not report the end" in verdict.why
+    # The work ended before the cut: the cut does not explain a TIMEOUT.
+    s.node_cuts[0] = NodeFault(started + 40, cut.node, cut.slurm_nodes, started + 102)
+    assert judge_job(s, job, log).verdict == KILLED
+    s.node_cuts[0] = cut
+    (tmp_path / "operator.log").write_text(
+        "2026-12-07 15:34:00,100 INFO slinky.operator.nodeset.podcontrol: "
+        "deleted pod slurm/compute-3 (uid 1)\n"
+    )
+    v = judge_job(s, job, log)
+    assert v.verdict == KILLED, v  # a pod of its nodes deleted by us
