@@ -255,13 +255,17 @@ def judge_job(soak: Soak, job: TrackedJob, slurm_log: dict[int, list[str]]) -> V
         # Its work ended while its node was cut off: slurmstepd there could not tell
         # slurmctld, which ended the job at its time limit, in the cut or within one of
         # slurmstepd's retry rounds after it (15 s apart, plus the timeouts of each try).
+        # A pod deleted after slurmctld's time-limit decision (its node drained by then)
+        # cannot have caused it: deletions count up to that log line (the same clock).
         work_end = (job.running_since or job.submitted_at) + job.seconds
         until = fault.until or end
+        limit = [ln for ln in lines if "Time limit exhausted" in ln]
+        decided = (stamp_of(limit[0]) if limit else None) or end
         if (
             job.first_end == "TIMEOUT"
             and fault.since <= work_end <= until
             and end <= until + CUT_REPORT_GRACE_S
-            and not pods_deleted_by_us(soak, job.nodes_seen, ran_from, end)
+            and not pods_deleted_by_us(soak, job.nodes_seen, ran_from, decided - 5)
         ):
             on = ", ".join(sorted(nodes))
             return Verdict(

@@ -307,6 +307,15 @@ def test_a_job_that_timed_out_because_its_end_could_not_leave_a_cut_off_node_is_
     s.node_cuts[0] = NodeFault(started + 40, cut.node, cut.slurm_nodes, started + 102)
     assert judge_job(s, job, log).verdict == KILLED
     s.node_cuts[0] = cut
+    # As in the soak: its nodes' pods deleted by the scale-in 54 ms and 6 s after slurmctld
+    # ended the job (their Slurm nodes drained by then).
+    (tmp_path / "operator.log").write_text(
+        "2026-12-07 15:35:18,058 INFO slinky.operator.nodeset.podcontrol: "
+        "deleted pod slurm/compute-3 (uid 1)\n"
+        "2026-12-07 15:35:24,144 INFO slinky.operator.nodeset.podcontrol: "
+        "deleted pod slurm/compute-1 (uid 2)\n"
+    )
+    assert judge_job(s, job, log).verdict == SLURM
     (tmp_path / "operator.log").write_text(
         "2026-12-07 15:34:00,100 INFO slinky.operator.nodeset.podcontrol: "
         "deleted pod slurm/compute-3 (uid 1)\n"
