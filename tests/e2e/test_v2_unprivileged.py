@@ -143,7 +143,11 @@ async def test_slurmd_in_its_own_user_namespace_confines_memory_and_cpus_but_not
     assert pod["spec"]["hostUsers"] is False
     assert pod["spec"]["runtimeClassName"].startswith("delegated-cgroup-")
     slurmd = pod["spec"]["containers"][0]
-    assert slurmd["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
+    # No capability but SYS_PTRACE (job accounting reads the jobs' /proc/<pid>/io with it).
+    assert slurmd["securityContext"] == {
+        "seccompProfile": {"type": "RuntimeDefault"},
+        "capabilities": {"add": ["SYS_PTRACE"]},
+    }
     uid_map = slurm.in_slurmd("cat", "/proc/self/uid_map").split()
     print("v2 userns slurmd uid_map:", uid_map)
     assert uid_map[0] == "0" and uid_map[1] != "0" and uid_map[2] == "65536", uid_map
