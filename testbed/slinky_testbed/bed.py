@@ -305,7 +305,6 @@ class Testbed:
             "apiserver",
             "kcm",
             "scheduler",
-            "kwok",
             "slurmctld",
             "slurmd",
             "slurmrestd",
@@ -628,6 +627,9 @@ class Testbed:
         api = kubeapi.Admin(self.kubeconfig)
         for name in state.kwok_nodes:
             api.apply_kwok_node(name)
+        # No --server-address: nothing reads kwok's metrics or health server, and a port
+        # picked at the bed's start could be taken by the time kwok binds it (a CI run:
+        # "listen tcp 127.0.0.1:47889: bind: address already in use", kwok exited).
         self._spawn(
             state,
             "kwok",
@@ -637,7 +639,6 @@ class Testbed:
                 f"--config={paths.kwok_stages_file()}",
                 "--manage-all-nodes=false",
                 f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
-                f"--server-address=127.0.0.1:{state.ports['kwok']}",
                 "--node-lease-duration-seconds=40",
             ],
         )
