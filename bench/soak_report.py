@@ -252,6 +252,7 @@ def judge_job(soak: Soak, job: TrackedJob, slurm_log: dict[int, list[str]]) -> V
         requeued = (stamp_of(slurm_did[0]) if slurm_did else None) or end
         nodes = job.nodes_seen & set(fault.slurm_nodes)
         deleted = pods_deleted_by_us(soak, nodes, ran_from, requeued)
+        on = ", ".join(sorted(nodes))
         # Its work ended while its node was cut off: slurmstepd there could not tell
         # slurmctld, which ended the job at its time limit, in the cut or within one of
         # slurmstepd's retry rounds after it (15 s apart, plus the timeouts of each try).
@@ -267,7 +268,6 @@ def judge_job(soak: Soak, job: TrackedJob, slurm_log: dict[int, list[str]]) -> V
             and end <= until + CUT_REPORT_GRACE_S
             and not pods_deleted_by_us(soak, job.nodes_seen, ran_from, decided - 5)
         ):
-            on = ", ".join(sorted(nodes))
             return Verdict(
                 key,
                 SLURM,
@@ -279,7 +279,6 @@ def judge_job(soak: Soak, job: TrackedJob, slurm_log: dict[int, list[str]]) -> V
                 evidence,
             )
         if slurm_did and not deleted:
-            on = ", ".join(sorted(job.nodes_seen & set(fault.slurm_nodes)))
             return Verdict(
                 key,
                 SLURM,
