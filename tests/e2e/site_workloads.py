@@ -109,6 +109,14 @@ def on_nodes(ranks: dict[int, str]) -> set[str]:
     return {line.split()[3].rstrip(":") for line in ranks.values()}
 
 
+def one_rank_on_each(out: str, err: str, pods: list[str]) -> dict[int, str]:
+    """The rank lines of a 2-rank run, asserted to be ranks 0 and 1, one on each pod."""
+    ranks = rank_lines(out)
+    assert sorted(ranks) == [0, 1], out + err
+    assert on_nodes(ranks) == set(pods), out
+    return ranks
+
+
 async def hpc_jobs(s: Site, user: User) -> None:
     """Everything above, as `user` (a directory user with an association) on the login pod."""
     i = s.i
@@ -129,9 +137,7 @@ async def hpc_jobs(s: Site, user: User) -> None:
     _, out, err = await s.ssh(
         name, "srun -J wl-mpich -N2 -n2 -p hpc -t 5 --mpi=pmi2 python3 mpich_allreduce.py"
     )
-    ranks = rank_lines(out)
-    assert sorted(ranks) == [0, 1], out + err
-    assert on_nodes(ranks) == set(pods), out
+    ranks = one_rank_on_each(out, err, pods)
     assert all("allreduce=3 MPICH" in line for line in ranks.values()), out
     i.timings["workloads: MPICH allreduce, srun --mpi=pmi2 -N2"] = time.monotonic() - t1
     print(out)
@@ -142,9 +148,7 @@ async def hpc_jobs(s: Site, user: User) -> None:
     _, out, err = await s.ssh(
         name, "salloc -N2 -n2 -p hpc -t 5 mpirun -n 2 python3 mpi4py_allreduce.py"
     )
-    ranks = rank_lines(out)
-    assert sorted(ranks) == [0, 1], out + err
-    assert on_nodes(ranks) == set(pods), out
+    ranks = one_rank_on_each(out, err, pods)
     assert all("allreduce=3 Open MPI" in line for line in ranks.values()), out
     i.timings["workloads: OpenMPI (mpi4py) allreduce, salloc -N2 + mpirun"] = time.monotonic() - t1
     print(out)
@@ -175,9 +179,7 @@ async def hpc_jobs(s: Site, user: User) -> None:
     _, out, err = await s.ssh(
         name, "srun -N2 -n2 -p hpc -t 5 --export=ALL,USE_LIBUV=0 python3 ddp_train.py"
     )
-    ranks = rank_lines(out)
-    assert sorted(ranks) == [0, 1], out + err
-    assert on_nodes(ranks) == set(pods), out
+    ranks = one_rank_on_each(out, err, pods)
     for line in ranks.values():
         m = re.search(r"loss ([\d.]+) -> ([\d.]+), weights identical on all ranks: (\w+)", line)
         assert m, line
